@@ -1,0 +1,242 @@
+"""The segmented append-only file: frames, segment files, and reading them back.
+
+The format is specified in snapshots/README.md; in short:
+
+- a segment is `DATA_DIR/aof/<first seq, 20 digits>.aof`: a 24-byte header
+  (magic `SSTKAOF\\0`, u32 version, u64 first seq, u32 CRC32 of the preceding
+  20 bytes) followed by frames;
+- a frame is u32 payload length, u32 CRC32 of the payload, then the payload
+  (one record's CBOR array), all little-endian.
+
+`SegmentWriter` appends records to a buffer; `write()` puts the buffer in the
+file and `sync()` makes it durable. The mutation loop calls `write` and `sync`
+from a worker thread once per batch (group commit). `read_frames` walks a file
+and stops at the first frame that does not check out, reporting where.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+
+from . import records
+
+SEGMENT_MAGIC = b"SSTKAOF\x00"
+SNAPSHOT_MAGIC = b"SSTKSNP\x00"
+HEADER = struct.Struct("<8sIQ")  # magic, version, first seq (segment) / last seq (snapshot)
+HEADER_SIZE = HEADER.size + 4
+FRAME = struct.Struct("<II")  # payload length, CRC32 of payload
+MAX_FRAME = 1 << 31  # a length beyond this is damage, not data
+
+
+class CorruptionError(Exception):
+    """Damage that start-up must not skip: names the file, offset and sequence number."""
+
+    def __init__(self, path: Path, offset: int, seq: int | None, why: str):
+        self.path, self.offset, self.seq, self.why = path, offset, seq, why
+        after = f"after seq {seq}" if seq is not None else "before any record"
+        super().__init__(f"{path}: {why} at offset {offset} ({after})")
+
+
+def segment_name(first_seq: int) -> str:
+    return f"{first_seq:020d}.aof"
+
+
+def snapshot_name(last_seq: int) -> str:
+    return f"{last_seq:020d}.snap"
+
+
+def header(magic: bytes, seq: int) -> bytes:
+    head = HEADER.pack(magic, records.FORMAT_VERSION, seq)
+    return head + struct.pack("<I", zlib.crc32(head))
+
+
+def frame(payload: bytes) -> bytes:
+    return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def read_header(path: Path, data: bytes, magic: bytes) -> int:
+    """Check a file header; return the sequence number it carries."""
+    if len(data) < HEADER_SIZE:
+        raise CorruptionError(path, 0, None, "file shorter than its header")
+    got_magic, version, seq = HEADER.unpack_from(data)
+    (crc,) = struct.unpack_from("<I", data, HEADER.size)
+    if got_magic != magic or crc != zlib.crc32(data[: HEADER.size]):
+        raise CorruptionError(path, 0, None, "bad header")
+    if version != records.FORMAT_VERSION:
+        raise CorruptionError(path, 0, None, f"unknown format version {version}")
+    return seq
+
+
+@attrs.define
+class FrameScan:
+    """Where reading a file stopped: `end` is the offset after the last good frame."""
+
+    end: int
+    size: int
+    why: str | None = None  # None: the whole file read cleanly
+
+    @property
+    def clean(self) -> bool:
+        return self.why is None
+
+
+def read_frames(data: bytes, start: int = HEADER_SIZE) -> Iterator[tuple[int, bytes] | FrameScan]:
+    """Yield (offset, payload) per good frame, then one FrameScan saying how it ended."""
+    pos = start
+    n = len(data)
+    unpack = FRAME.unpack_from
+    crc32 = zlib.crc32
+    while pos < n:
+        if n - pos < FRAME.size:
+            yield FrameScan(pos, n, "incomplete frame header")
+            return
+        length, crc = unpack(data, pos)
+        body_start = pos + FRAME.size
+        if length > MAX_FRAME or body_start + length > n:
+            yield FrameScan(pos, n, "frame runs past the end of the file")
+            return
+        payload = data[body_start:body_start + length]
+        if crc32(payload) != crc:
+            yield FrameScan(pos, n, "checksum mismatch")
+            return
+        yield pos, payload
+        pos = body_start + length
+    yield FrameScan(pos, n)
+
+
+def later_good_frame(data: bytes, after: int) -> int | None:
+    """Offset of a checksummed frame somewhere after `after`, if any.
+
+    Tells a torn tail (nothing valid follows) from damage in the middle of a
+    file (valid records follow, so truncating would drop acknowledged data).
+    """
+    n = len(data)
+    unpack = FRAME.unpack_from
+    for pos in range(after + 1, n - FRAME.size):
+        length, crc = unpack(data, pos)
+        if 0 < length <= n - pos - FRAME.size and length <= 1 << 24:
+            payload = data[pos + FRAME.size:pos + FRAME.size + length]
+            if zlib.crc32(payload) == crc:
+                try:
+                    records.decode(payload)
+                except records.DecodeError:
+                    continue
+                return pos
+    return None
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SegmentWriter:
+    """The open segment. Not thread-safe: the loop hands it to one thread at a time."""
+
+    def __init__(self, directory: Path, first_seq: int):
+        self.directory = directory
+        self.first_seq = first_seq
+        self.path = directory / segment_name(first_seq)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        try:
+            os.write(self.fd, header(SEGMENT_MAGIC, first_seq))
+            os.fsync(self.fd)
+            fsync_dir(directory)
+        except OSError:
+            os.close(self.fd)
+            self.path.unlink(missing_ok=True)
+            raise
+        self.size = HEADER_SIZE  # bytes durable or written
+        self.records = 0
+        self.last_seq = first_seq - 1
+        self.pending = bytearray()
+        self.pending_records = 0
+        self.pending_last_seq = self.last_seq
+
+    def append(self, payload: bytes, seq: int) -> None:
+        self.pending += frame(payload)
+        self.pending_records += 1
+        self.pending_last_seq = seq
+
+    def write(self) -> None:
+        """Put the pending frames in the file; on failure cut the file back."""
+        if not self.pending:
+            return
+        data = bytes(self.pending)
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(self.fd, data[written:])
+        except OSError:
+            self._cut_back()
+            raise
+        self.size += len(data)
+        self.records += self.pending_records
+        self.last_seq = self.pending_last_seq
+        self.pending.clear()
+        self.pending_records = 0
+
+    def discard_pending(self) -> None:
+        self.pending.clear()
+        self.pending_records = 0
+        self.pending_last_seq = self.last_seq
+
+    def sync(self) -> None:
+        os.fsync(self.fd)
+
+    def _cut_back(self) -> None:
+        # A partial write must not stay behind the records we acknowledge next.
+        os.ftruncate(self.fd, self.size)
+
+    def cut_back_to(self, size: int, records_: int, last_seq: int) -> None:
+        os.ftruncate(self.fd, size)
+        self.size, self.records, self.last_seq = size, records_, last_seq
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def list_segments(aof_dir: Path) -> list[tuple[int, Path]]:
+    out = []
+    if aof_dir.is_dir():
+        for p in aof_dir.iterdir():
+            if p.suffix == ".aof" and p.stem.isdigit():
+                out.append((int(p.stem), p))
+    return sorted(out)
+
+
+def list_snapshots(snap_dir: Path) -> list[tuple[int, Path]]:
+    out = []
+    if snap_dir.is_dir():
+        for p in snap_dir.iterdir():
+            if p.suffix == ".snap" and p.stem.isdigit():
+                out.append((int(p.stem), p))
+    return sorted(out)
+
+
+def iter_segment(path: Path, data: bytes | None = None) -> Iterator[tuple[int, records.Record] | FrameScan]:
+    """Decoded records of one segment with their offsets, then the FrameScan."""
+    if data is None:
+        data = path.read_bytes()
+    first = read_header(path, data, SEGMENT_MAGIC)
+    last = first - 1
+    for item in read_frames(data):
+        if isinstance(item, FrameScan):
+            yield item
+            return
+        offset, payload = item
+        try:
+            rec = records.decode(payload)
+        except records.DecodeError as e:
+            raise CorruptionError(path, offset, last, str(e)) from None
+        last = rec.seq
+        yield offset, rec

@@ -1,0 +1,288 @@
+"""What each protocol command does: read the state, decide, and log the record.
+
+One function per command, called by the mutation loop (and only by it) with
+the loop, the connection's session and the parsed command. A handler either
+returns the reply bytes, or `BLOCK` when a reserve has to wait for a job.
+Every decision (the id a put gets, the job a reserve is granted, the jobs a
+kick moves) is made here against the current state and written into the
+record that `loop.log(...)` stages in the AOF and then applies.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from typing import TYPE_CHECKING
+
+from . import protocol as p
+from . import records as r
+from .state import BURIED, DELAYED, NS, RESERVED
+
+if TYPE_CHECKING:
+    from .loop import MutationLoop, Session
+
+BLOCK = object()  # the reserve waits; the loop answers it later
+CLOSE = object()  # quit: answer nothing more and close
+
+VERSION = "1.12+smallstalk.0.1.0"
+
+
+def put(lp: MutationLoop, s: Session, cmd: p.Put):
+    lp.count("cmd-put")
+    s.producer = True
+    if lp.draining:
+        return p.DRAINING
+    st = lp.state
+    job_id = st.next_job_id
+    lp.log(r.Put, s.id, job_id, st.use_of(s.id), cmd.pri, cmd.delay, cmd.ttr, cmd.body)
+    return p.inserted(job_id)
+
+
+def reserve(lp: MutationLoop, s: Session, cmd: p.Reserve):
+    lp.count("cmd-reserve" if cmd.timeout is None else "cmd-reserve-with-timeout")
+    s.worker = True
+    st = lp.state
+    now = lp.now
+    if st.deadline_soon(s.id, now) and not st.has_ready(s.id):
+        return p.DEADLINE_SOON
+    job = st.best_ready(s.id, now)
+    if job is not None:
+        lp.log(r.Reserve, s.id, job.id)
+        return p.job_reply(b"RESERVED", job.id, job.body)
+    if cmd.timeout == 0 or s.halfclosed:
+        return p.TIMED_OUT
+    deadline = None if cmd.timeout is None else now + cmd.timeout * NS
+    lp.volatile(r.WaitStart, s.id, deadline)
+    return BLOCK
+
+
+def reserve_job(lp: MutationLoop, s: Session, cmd: p.ReserveJob):
+    lp.count("cmd-reserve-job")
+    job = lp.state.jobs.get(cmd.id)
+    if job is None or job.state == RESERVED:
+        return p.NOT_FOUND
+    s.worker = True
+    lp.log(r.Reserve, s.id, job.id)
+    return p.job_reply(b"RESERVED", job.id, job.body)
+
+
+def delete(lp: MutationLoop, s: Session, cmd: p.Delete):
+    lp.count("cmd-delete")
+    job = lp.state.jobs.get(cmd.id)
+    if job is None or (job.state == RESERVED and job.reserver != s.id):
+        return p.NOT_FOUND
+    lp.log(r.Delete, s.id, cmd.id)
+    return p.DELETED
+
+
+def _reserved_by(lp: MutationLoop, s: Session, job_id: int):
+    job = lp.state.jobs.get(job_id)
+    if job is None or job.state != RESERVED or job.reserver != s.id:
+        return None
+    return job
+
+
+def release(lp: MutationLoop, s: Session, cmd: p.Release):
+    lp.count("cmd-release")
+    if _reserved_by(lp, s, cmd.id) is None:
+        return p.NOT_FOUND
+    lp.log(r.Release, s.id, cmd.id, cmd.pri, cmd.delay)
+    return p.RELEASED
+
+
+def bury(lp: MutationLoop, s: Session, cmd: p.Bury):
+    lp.count("cmd-bury")
+    if _reserved_by(lp, s, cmd.id) is None:
+        return p.NOT_FOUND
+    lp.log(r.Bury, s.id, cmd.id, cmd.pri)
+    return p.BURIED
+
+
+def touch(lp: MutationLoop, s: Session, cmd: p.Touch):
+    lp.count("cmd-touch")
+    if _reserved_by(lp, s, cmd.id) is None:
+        return p.NOT_FOUND
+    lp.log(r.Touch, s.id, cmd.id)
+    return p.TOUCHED
+
+
+def use(lp: MutationLoop, s: Session, cmd: p.Use):
+    lp.count("cmd-use")
+    if lp.state.use_of(s.id) != cmd.tube:
+        lp.log(r.Use, s.id, cmd.tube)
+    return p.using(cmd.tube)
+
+
+def watch(lp: MutationLoop, s: Session, cmd: p.Watch):
+    lp.count("cmd-watch")
+    if cmd.tube not in lp.state.watch_of(s.id):
+        lp.log(r.Watch, s.id, cmd.tube)
+    return p.watching(len(lp.state.watch_of(s.id)))
+
+
+def ignore(lp: MutationLoop, s: Session, cmd: p.Ignore):
+    lp.count("cmd-ignore")
+    watched = lp.state.watch_of(s.id)
+    if cmd.tube in watched:
+        if len(watched) < 2:
+            return p.NOT_IGNORED
+        lp.log(r.Ignore, s.id, cmd.tube)
+    return p.watching(len(lp.state.watch_of(s.id)))
+
+
+def _found(job):
+    return p.NOT_FOUND if job is None else p.job_reply(b"FOUND", job.id, job.body)
+
+
+def peek(lp: MutationLoop, s: Session, cmd: p.Peek):
+    lp.count("cmd-peek")
+    return _found(lp.state.jobs.get(cmd.id))
+
+
+def peek_ready(lp: MutationLoop, s: Session, cmd: p.PeekReady):
+    lp.count("cmd-peek-ready")
+    return _found(lp.state.peek_ready(lp.state.use_of(s.id)))
+
+
+def peek_delayed(lp: MutationLoop, s: Session, cmd: p.PeekDelayed):
+    lp.count("cmd-peek-delayed")
+    return _found(lp.state.peek_delayed(lp.state.use_of(s.id)))
+
+
+def peek_buried(lp: MutationLoop, s: Session, cmd: p.PeekBuried):
+    lp.count("cmd-peek-buried")
+    return _found(lp.state.peek_buried(lp.state.use_of(s.id)))
+
+
+def kick(lp: MutationLoop, s: Session, cmd: p.Kick):
+    lp.count("cmd-kick")
+    ids = lp.state.kickable(lp.state.use_of(s.id), cmd.bound)
+    if ids:
+        lp.log(r.Kick, s.id, ids)
+    return p.kicked(len(ids))
+
+
+def kick_job(lp: MutationLoop, s: Session, cmd: p.KickJob):
+    lp.count("cmd-kick-job")
+    job = lp.state.jobs.get(cmd.id)
+    if job is None or job.state not in (BURIED, DELAYED):
+        return p.NOT_FOUND
+    lp.log(r.Kick, s.id, (cmd.id,))
+    return p.KICKED
+
+
+def stats_job(lp: MutationLoop, s: Session, cmd: p.StatsJob):
+    lp.count("cmd-stats-job")
+    job = lp.state.jobs.get(cmd.id)
+    if job is None:
+        return p.NOT_FOUND
+    return p.yaml_dict(lp.state.job_stats(job, lp.now))
+
+
+def stats_tube(lp: MutationLoop, s: Session, cmd: p.StatsTube):
+    lp.count("cmd-stats-tube")
+    tube = lp.state.tubes.get(cmd.tube)
+    if tube is None:
+        return p.NOT_FOUND
+    return p.yaml_dict(lp.state.tube_stats(tube, lp.now))
+
+
+def stats(lp: MutationLoop, s: Session, cmd: p.Stats):
+    lp.count("cmd-stats")
+    return p.yaml_dict(server_stats(lp))
+
+
+def list_tubes(lp: MutationLoop, s: Session, cmd: p.ListTubes):
+    lp.count("cmd-list-tubes")
+    return p.yaml_list(lp.state.tube_order)
+
+
+def list_tube_used(lp: MutationLoop, s: Session, cmd: p.ListTubeUsed):
+    lp.count("cmd-list-tube-used")
+    return p.using(lp.state.use_of(s.id))
+
+
+def list_tubes_watched(lp: MutationLoop, s: Session, cmd: p.ListTubesWatched):
+    lp.count("cmd-list-tubes-watched")
+    return p.yaml_list(lp.state.watch_of(s.id))
+
+
+def pause_tube(lp: MutationLoop, s: Session, cmd: p.PauseTube):
+    lp.count("cmd-pause-tube")
+    if cmd.tube not in lp.state.tubes:
+        return p.NOT_FOUND
+    # Always pause for a positive time, so waiting clients wake when it ends.
+    lp.log(r.PauseTube, s.id, cmd.tube, max(cmd.delay, 1))
+    return p.PAUSED
+
+
+def quit_(lp: MutationLoop, s: Session, cmd: p.Quit):
+    return CLOSE
+
+
+def error(lp: MutationLoop, s: Session, ev: p.ErrorReply):
+    if ev.counted_as is p.Put:
+        lp.count("cmd-put")
+    return ev.reply
+
+
+HANDLERS = {
+    p.Put: put, p.Reserve: reserve, p.ReserveJob: reserve_job, p.Delete: delete,
+    p.Release: release, p.Bury: bury, p.Touch: touch, p.Use: use, p.Watch: watch,
+    p.Ignore: ignore, p.Peek: peek, p.PeekReady: peek_ready, p.PeekDelayed: peek_delayed,
+    p.PeekBuried: peek_buried, p.Kick: kick, p.KickJob: kick_job, p.StatsJob: stats_job,
+    p.StatsTube: stats_tube, p.Stats: stats, p.ListTubes: list_tubes,
+    p.ListTubeUsed: list_tube_used, p.ListTubesWatched: list_tubes_watched,
+    p.PauseTube: pause_tube, p.Quit: quit_, p.ErrorReply: error,
+}
+
+# Mutating commands, refused on a read-only server (a replica).
+MUTATING = frozenset({
+    p.Put, p.Reserve, p.ReserveJob, p.Delete, p.Release, p.Bury, p.Touch, p.Kick,
+    p.KickJob, p.PauseTube,
+})
+
+STATS_COUNTERS = (
+    "cmd-put", "cmd-peek", "cmd-peek-ready", "cmd-peek-delayed", "cmd-peek-buried",
+    "cmd-reserve", "cmd-reserve-with-timeout", "cmd-delete", "cmd-release", "cmd-use",
+    "cmd-watch", "cmd-ignore", "cmd-bury", "cmd-kick", "cmd-touch", "cmd-stats",
+    "cmd-stats-job", "cmd-stats-tube", "cmd-list-tubes", "cmd-list-tube-used",
+    "cmd-list-tubes-watched", "cmd-pause-tube",
+)
+
+
+def server_stats(lp: MutationLoop) -> list[tuple[str, object]]:
+    """The `stats` dictionary, keys in beanstalkd's order, then smallstalk's own."""
+    st = lp.state
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    uname = os.uname()
+    sessions = lp.sessions.values()
+    info = lp.storage_info()
+    out: list[tuple[str, object]] = [
+        ("current-jobs-urgent", st.urgent_n), ("current-jobs-ready", st.ready_n),
+        ("current-jobs-reserved", st.reserved_n), ("current-jobs-delayed", st.delayed_n),
+        ("current-jobs-buried", st.buried_n),
+    ]
+    out += [(name, lp.counters.get(name, 0)) for name in STATS_COUNTERS]
+    out += [
+        ("job-timeouts", st.job_timeouts), ("total-jobs", st.total_jobs),
+        ("max-job-size", lp.max_job_size), ("current-tubes", len(st.tubes)),
+        ("current-connections", len(lp.sessions)),
+        ("current-producers", sum(1 for x in sessions if x.producer)),
+        ("current-workers", sum(1 for x in sessions if x.worker)),
+        ("current-waiting", st.waiting_n), ("total-connections", lp.total_connections),
+        ("pid", os.getpid()), ("version", VERSION),
+        ("rusage-utime", _tv(ru.ru_utime)), ("rusage-stime", _tv(ru.ru_stime)),
+        ("uptime", (lp.now - lp.started_at) // NS),
+        ("binlog-oldest-index", info["oldest"]), ("binlog-current-index", info["current"]),
+        ("binlog-records-migrated", info["migrated"]),
+        ("binlog-records-written", info["written"]), ("binlog-max-size", info["max_size"]),
+        ("draining", lp.draining), ("id", lp.instance_id.encode()),
+        ("hostname", uname.nodename), ("os", uname.version), ("platform", uname.machine),
+    ]
+    return out
+
+
+def _tv(seconds: float) -> bytes:
+    whole = int(seconds)
+    return b"%d.%06d" % (whole, int(round((seconds - whole) * 1e6)) % 1000000)

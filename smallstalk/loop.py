@@ -1,0 +1,356 @@
+"""The mutation loop: the one task that changes queue state.
+
+Connection tasks send it whole batches of parsed commands (one channel hop per
+received chunk, not per command). Each turn of the loop:
+
+1. takes every item waiting in its inbox (commands, end-of-input, close);
+2. runs each session's commands in order through `dispatch`, which logs a
+   record per change: the record is appended to the AOF's buffer, *then*
+   applied to the state; a reserve with nothing to take parks the session;
+3. runs the timers: delayed jobs whose time came (`Promote`), reservations
+   whose TTR ran out (`Timeout`), waiting reserves to grant, to time out, or
+   to warn with DEADLINE_SOON;
+4. commits the AOF once for the whole turn (group commit: one write, one
+   fsync in a worker thread under `--fsync always`);
+5. only then sends every session its replies, one blob per session.
+
+If the commit fails, no reply of that turn is sent as a success: every
+command of the turn is answered INTERNAL_ERROR, the staged records are
+dropped, and the state is rebuilt from the data directory (which holds
+exactly what was acknowledged).
+
+Time enters here: `now` is read from the injected clock once per turn and
+stamped on every record of the turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+from . import dispatch
+from . import protocol as p
+from . import records as r
+from .journal import Journal, JournalError
+from .state import NS, State
+
+log = logging.getLogger("smallstalk.loop")
+
+RETRY_AFTER_FAILURE = 1.0  # seconds during which mutations are refused after a disk error
+
+
+class Unavailable(Exception):
+    """The AOF cannot take records right now."""
+
+
+class ReadOnly(Exception):
+    """This server does not accept changes from clients (a replica)."""
+
+
+class Session:
+    """One client connection as the loop sees it."""
+
+    __slots__ = (
+        "id", "pending", "out", "blocked", "halfclosed", "closing", "producer", "worker",
+        "outbox", "wait_deadline",
+    )
+
+    def __init__(self, sid: int, outbox: trio.MemorySendChannel):
+        self.id = sid
+        self.pending: deque = deque()
+        self.out: list[bytes] = []
+        self.blocked = False
+        self.halfclosed = False
+        self.closing = False
+        self.producer = False
+        self.worker = False
+        self.outbox = outbox  # (bytes, done, close) tuples to the connection's writer
+        self.wait_deadline = None
+
+
+def wall_clock() -> int:
+    return time.time_ns()
+
+
+class MutationLoop:
+    def __init__(
+        self,
+        state: State,
+        journal: Journal | None = None,
+        data_dir: Path | None = None,
+        clock: Callable[[], int] = wall_clock,
+        max_job_size: int = p.DEFAULT_MAX_JOB_SIZE,
+    ):
+        self.state = state
+        self.journal = journal
+        self.data_dir = data_dir
+        self.clock = clock
+        self.max_job_size = max_job_size
+        self.now = clock()
+        self.started_at = self.now
+        self.sessions: dict[int, Session] = {}
+        self.counters: dict[str, int] = {}
+        self.total_connections = 0
+        self.draining = False
+        self.read_only: str | None = None  # reason, when clients may not change state
+        self.instance_id = os.urandom(8).hex()
+        self.records_migrated = 0
+        self._next_conn = state.next_conn_id
+        self._seq = state.last_seq  # used when there is no journal
+        self._send, self._inbox = trio.open_memory_channel(math.inf)
+        self._touched: dict[int, Session] = {}
+        self._failed_until = 0.0
+        self.turns = 0
+        self.on_commit: list[Callable[[], None]] = []
+
+    # --- the connection side (called from connection tasks) ----------------------
+
+    def open_session(self) -> tuple[Session, trio.MemoryReceiveChannel]:
+        send, recv = trio.open_memory_channel(math.inf)
+        sid = self._next_conn
+        self._next_conn += 1
+        s = Session(sid, send)
+        self._send.send_nowait(("open", s))
+        return s, recv
+
+    def submit(self, s: Session, events: list) -> None:
+        self._send.send_nowait(("cmds", s, events))
+
+    def end_of_input(self, s: Session) -> None:
+        self._send.send_nowait(("eof", s))
+
+    def close_session(self, s: Session) -> None:
+        self._send.send_nowait(("close", s))
+
+    # --- what handlers call -----------------------------------------------------
+
+    def count(self, name: str) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
+
+    def log(self, cls: type, *fields) -> r.Record:
+        """Stage a record in the AOF, then apply it. The reply waits for the commit."""
+        if self.read_only:
+            raise ReadOnly(self.read_only)
+        if self.journal is not None:
+            if self._failed_until and trio.current_time() < self._failed_until:
+                raise Unavailable("the AOF failed recently")
+            rec = cls(self.journal.take_seq(), self.now, *fields)
+            self.journal.append(rec)
+        else:
+            self._seq += 1
+            rec = cls(self._seq, self.now, *fields)
+        self.state.apply(rec)
+        return rec
+
+    def volatile(self, cls: type, *fields) -> None:
+        self.state.apply(cls(0, self.now, *fields))
+
+    def storage_info(self) -> dict:
+        j = self.journal
+        if j is None:
+            return {"oldest": 0, "current": 0, "migrated": 0, "written": 0, "max_size": 0}
+        closed = j.closed_segments()
+        oldest = int(closed[0].stem) if closed else j.segment.first_seq
+        return {
+            "oldest": oldest, "current": j.segment.first_seq,
+            "migrated": self.records_migrated, "written": j.records_written,
+            "max_size": j.segment_bytes,
+        }
+
+    # --- the loop ----------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        inbox = self._inbox
+        while True:
+            wait = self._seconds_to_next_deadline()
+            item = None
+            if wait is None:
+                item = await inbox.receive()
+            elif wait > 0:
+                with trio.move_on_after(wait):
+                    item = await inbox.receive()
+            batch = [] if item is None else [item]
+            while True:
+                try:
+                    batch.append(inbox.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            await self.turn(batch)
+
+    def _seconds_to_next_deadline(self) -> float | None:
+        now = self.clock()
+        deadline = self.state.next_deadline(now)
+        if self._failed_until:
+            # Timers may not log while the AOF is failing: look again later.
+            retry = max(self._failed_until - trio.current_time(), 0.0)
+            if deadline is None:
+                return retry if retry > 0 else None
+            return max((deadline - now) / NS, retry)
+        if deadline is None:
+            return None
+        return max((deadline - now) / NS, 0.0)
+
+    async def turn(self, batch: list) -> None:
+        self.turns += 1
+        self.now = self.clock()
+        for item in batch:
+            kind, s = item[0], item[1]
+            if kind == "cmds":
+                s.pending.extend(item[2])
+                self._run(s)
+            elif kind == "open":
+                self.sessions[s.id] = s
+                self.total_connections += 1
+                self.volatile(r.Connect, s.id)
+            elif kind == "eof":
+                s.halfclosed = True
+                if s.blocked:
+                    self._answer_wait(s, p.TIMED_OUT)
+            elif kind == "close":
+                self._close(s)
+        self._timers()
+        await self._commit_and_reply()
+
+    def _run(self, s: Session) -> None:
+        """Run a session's pending commands in order until one blocks."""
+        self._touched[s.id] = s
+        handlers = dispatch.HANDLERS
+        while s.pending and not s.blocked and not s.closing:
+            cmd = s.pending.popleft()
+            try:
+                reply = handlers[type(cmd)](self, s, cmd)
+            except Unavailable:
+                reply = p.INTERNAL_ERROR
+            except ReadOnly as e:
+                reply = b"READ_ONLY %s\r\n" % str(e).encode()
+            if reply is dispatch.BLOCK:
+                s.blocked = True
+                s.wait_deadline = self.state.conns[s.id].wait_deadline
+            elif reply is dispatch.CLOSE:
+                s.closing = True
+                s.pending.clear()
+            else:
+                s.out.append(reply)
+
+    def _answer_wait(self, s: Session, reply: bytes) -> None:
+        self.volatile(r.WaitStop, s.id)
+        s.blocked = False
+        s.out.append(reply)
+        self._run(s)
+
+    def _close(self, s: Session) -> None:
+        if self.sessions.pop(s.id, None) is None:
+            return
+        self._touched.pop(s.id, None)
+        if s.blocked:
+            self.volatile(r.WaitStop, s.id)
+        if self.state.conn_logged(s.id) and not self.read_only:
+            try:
+                self.log(r.Disconnect, s.id)
+                return
+            except Unavailable:
+                pass  # not logged: the next start's Restart record releases them
+        # Seq 0: applied, not logged (the connection left no trace in the log).
+        self.state.apply(r.Disconnect(0, self.now, s.id))
+
+    def _timers(self) -> None:
+        """Everything that happens because time passed, as records."""
+        if self.read_only or (self._failed_until and trio.current_time() < self._failed_until):
+            return
+        st = self.state
+        now = self.now
+        try:
+            due = st.due_promotions(now)
+            if due:
+                self.log(r.Promote, due)
+            due = st.due_timeouts(now)
+            if due:
+                self.log(r.Timeout, due)
+            self.grant_waiters()
+        except Unavailable:
+            return
+        for cid, what in st.waiters_due(now):
+            s = self.sessions.get(cid)
+            if s is not None:
+                self._answer_wait(s, p.DEADLINE_SOON if what == b"DEADLINE_SOON" else p.TIMED_OUT)
+        self.grant_waiters()
+
+    def grant_waiters(self) -> None:
+        st = self.state
+        while True:
+            grant = st.next_grant(self.now)
+            if grant is None:
+                return
+            cid, job = grant
+            s = self.sessions.get(cid)
+            if s is None:  # cannot happen: closing a session stops its wait
+                self.volatile(r.WaitStop, cid)
+                continue
+            self.log(r.Reserve, cid, job.id)
+            s.blocked = False
+            s.out.append(p.job_reply(b"RESERVED", job.id, job.body))
+            self._run(s)
+
+    async def _commit_and_reply(self) -> None:
+        # Grants made possible by this turn's commands (a put for a waiter).
+        if not self.read_only and not self._failed_until:
+            try:
+                self.grant_waiters()
+            except Unavailable:
+                pass
+        j = self.journal
+        if j is not None and j.has_pending():
+            try:
+                await j.commit()
+            except JournalError as e:
+                self._failed(e)
+            else:
+                if self._failed_until:
+                    self._failed_until = 0.0
+                for hook in self.on_commit:
+                    hook()
+        elif self.on_commit:
+            for hook in self.on_commit:
+                hook()
+        self._reply()
+
+    def _reply(self) -> None:
+        touched = self._touched
+        self._touched = {}
+        for s in touched.values():
+            if s.id not in self.sessions:
+                continue
+            done = not s.blocked and not s.pending
+            if s.out or done or s.closing:
+                blob = b"".join(s.out)
+                s.out.clear()
+                try:
+                    s.outbox.send_nowait((blob, done, s.closing))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+
+    def _failed(self, e: Exception) -> None:
+        """A commit failed: answer the turn with errors and go back to what is on disk."""
+        log.error("AOF commit failed, answering INTERNAL_ERROR: %s", e)
+        self.journal.discard()
+        self._failed_until = trio.current_time() + RETRY_AFTER_FAILURE
+        for s in self._touched.values():
+            s.out[:] = [p.INTERNAL_ERROR] * len(s.out)
+        from .recovery import recover  # late: recovery is only needed on this path
+
+        self.state = recover(self.data_dir, repair=False).state
+        for s in self.sessions.values():
+            self.volatile(r.Connect, s.id)
+            if s.blocked:
+                self.volatile(r.WaitStart, s.id, s.wait_deadline)
+
+    def touch_session(self, s: Session) -> None:
+        self._touched[s.id] = s

@@ -1,0 +1,557 @@
+"""The beanstalkd text protocol as a pure state machine over bytes (no sockets, no trio).
+
+Theory of operation (in the manner of h11): a `Parser` is fed whatever bytes a
+socket produced (`feed`) and hands back complete events (`events`): a command
+object, or an `ErrorReply` carrying the exact bytes beanstalkd would answer for
+malformed input. The rest of the module renders replies to bytes.
+
+Rules kept here, taken from beanstalkd 1.12 (prot.c) and checked against the
+real server:
+
+- A command line ends with CRLF and is at most 224 bytes including it. A longer
+  line is discarded up to its CRLF and answered BAD_FORMAT; the connection then
+  goes on.
+- Command names match by prefix in beanstalkd's order ("quitx" quits,
+  "statsx" is BAD_FORMAT, "put" without a space is UNKNOWN_COMMAND).
+- Integers are unsigned decimal; leading spaces are skipped; a value past
+  2**32-1 (2**64-1 for ids) is BAD_FORMAT.
+- `put` reads exactly <bytes>+2 body bytes, which must end in CRLF
+  (EXPECTED_CRLF otherwise). A body larger than the job size limit is skipped
+  without being buffered and answered JOB_TOO_BIG.
+
+Memory is bounded: the parser holds at most one line (224 bytes) or one body
+(max job size + 2) of unparsed input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+LINE_MAX = 224  # bytes, including CRLF (beanstalkd's LINE_BUF_SIZE)
+TUBE_NAME_MAX = 200
+DEFAULT_MAX_JOB_SIZE = 65535
+MAX_JOB_SIZE_LIMIT = 1073741824  # beanstalkd's JOB_DATA_SIZE_LIMIT_MAX
+U32_MAX = 2**32 - 1
+U64_MAX = 2**64 - 1
+URGENT_THRESHOLD = 1024
+
+NAME_CHARS = frozenset(
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-+/;.$_()"
+)
+
+
+# --- commands --------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class Put:
+    pri: int
+    delay: int  # seconds
+    ttr: int  # seconds, at least 1
+    body: bytes
+
+
+@attrs.frozen(slots=True)
+class Reserve:
+    timeout: int | None  # seconds; None blocks without limit
+
+
+@attrs.frozen(slots=True)
+class ReserveJob:
+    id: int
+
+
+@attrs.frozen(slots=True)
+class Delete:
+    id: int
+
+
+@attrs.frozen(slots=True)
+class Release:
+    id: int
+    pri: int
+    delay: int
+
+
+@attrs.frozen(slots=True)
+class Bury:
+    id: int
+    pri: int
+
+
+@attrs.frozen(slots=True)
+class Touch:
+    id: int
+
+
+@attrs.frozen(slots=True)
+class Use:
+    tube: str
+
+
+@attrs.frozen(slots=True)
+class Watch:
+    tube: str
+
+
+@attrs.frozen(slots=True)
+class Ignore:
+    tube: str
+
+
+@attrs.frozen(slots=True)
+class Peek:
+    id: int
+
+
+@attrs.frozen(slots=True)
+class PeekReady:
+    pass
+
+
+@attrs.frozen(slots=True)
+class PeekDelayed:
+    pass
+
+
+@attrs.frozen(slots=True)
+class PeekBuried:
+    pass
+
+
+@attrs.frozen(slots=True)
+class Kick:
+    bound: int
+
+
+@attrs.frozen(slots=True)
+class KickJob:
+    id: int
+
+
+@attrs.frozen(slots=True)
+class StatsJob:
+    id: int
+
+
+@attrs.frozen(slots=True)
+class StatsTube:
+    tube: str
+
+
+@attrs.frozen(slots=True)
+class Stats:
+    pass
+
+
+@attrs.frozen(slots=True)
+class ListTubes:
+    pass
+
+
+@attrs.frozen(slots=True)
+class ListTubeUsed:
+    pass
+
+
+@attrs.frozen(slots=True)
+class ListTubesWatched:
+    pass
+
+
+@attrs.frozen(slots=True)
+class PauseTube:
+    tube: str
+    delay: int
+
+
+@attrs.frozen(slots=True)
+class Quit:
+    pass
+
+
+@attrs.frozen(slots=True)
+class ErrorReply:
+    """Malformed input: answer `reply` and go on with the next command.
+
+    `counted_as` names the command whose counter beanstalkd still bumps
+    (a put whose body is too big counts as a put).
+    """
+
+    reply: bytes
+    counted_as: type | None = None
+
+
+Command = (
+    Put | Reserve | ReserveJob | Delete | Release | Bury | Touch | Use | Watch | Ignore | Peek
+    | PeekReady | PeekDelayed | PeekBuried | Kick | KickJob | StatsJob | StatsTube | Stats
+    | ListTubes | ListTubeUsed | ListTubesWatched | PauseTube | Quit
+)
+Event = Command | ErrorReply
+
+# Argument-less commands are immutable, so one instance each will do.
+PEEK_READY, PEEK_DELAYED, PEEK_BURIED = PeekReady(), PeekDelayed(), PeekBuried()
+STATS, LIST_TUBES, LIST_TUBE_USED, LIST_TUBES_WATCHED = (
+    Stats(), ListTubes(), ListTubeUsed(), ListTubesWatched())
+QUIT, RESERVE = Quit(), Reserve(None)
+
+
+# --- replies ---------------------------------------------------------------
+
+BAD_FORMAT = b"BAD_FORMAT\r\n"
+UNKNOWN_COMMAND = b"UNKNOWN_COMMAND\r\n"
+EXPECTED_CRLF = b"EXPECTED_CRLF\r\n"
+JOB_TOO_BIG = b"JOB_TOO_BIG\r\n"
+OUT_OF_MEMORY = b"OUT_OF_MEMORY\r\n"
+INTERNAL_ERROR = b"INTERNAL_ERROR\r\n"
+DRAINING = b"DRAINING\r\n"
+NOT_FOUND = b"NOT_FOUND\r\n"
+DELETED = b"DELETED\r\n"
+RELEASED = b"RELEASED\r\n"
+BURIED = b"BURIED\r\n"
+KICKED = b"KICKED\r\n"
+TOUCHED = b"TOUCHED\r\n"
+PAUSED = b"PAUSED\r\n"
+NOT_IGNORED = b"NOT_IGNORED\r\n"
+TIMED_OUT = b"TIMED_OUT\r\n"
+DEADLINE_SOON = b"DEADLINE_SOON\r\n"
+
+
+def inserted(job_id: int) -> bytes:
+    return b"INSERTED %d\r\n" % job_id
+
+
+def buried_id(job_id: int) -> bytes:
+    return b"BURIED %d\r\n" % job_id
+
+
+def job_reply(word: bytes, job_id: int, body: bytes) -> bytes:
+    """RESERVED or FOUND: a line and the body."""
+    return b"%s %d %d\r\n%s\r\n" % (word, job_id, len(body), body)
+
+
+def kicked(count: int) -> bytes:
+    return b"KICKED %d\r\n" % count
+
+
+def using(tube: str) -> bytes:
+    return b"USING %s\r\n" % tube.encode()
+
+
+def watching(count: int) -> bytes:
+    return b"WATCHING %d\r\n" % count
+
+
+def ok_yaml(body: bytes) -> bytes:
+    return b"OK %d\r\n%s\r\n" % (len(body), body)
+
+
+def yaml_list(names: Iterable[str]) -> bytes:
+    return ok_yaml(b"---\n" + b"".join(b"- %s\n" % n.encode() for n in names))
+
+
+def yaml_dict(pairs: Iterable[tuple[str, object]]) -> bytes:
+    """beanstalkd's stats YAML: strings quoted, numbers and flags bare.
+
+    Values that are already `bytes` are written as they are (for the few keys
+    beanstalkd prints bare although they are words, like `state: ready`).
+    """
+    out = [b"---\n"]
+    for key, value in pairs:
+        if isinstance(value, bytes):
+            text = value
+        elif isinstance(value, str):
+            text = b'"%s"' % value.encode()
+        elif isinstance(value, bool):
+            text = b"true" if value else b"false"
+        else:
+            text = str(value).encode()
+        out.append(b"%s: %s\n" % (key.encode(), text))
+    return ok_yaml(b"".join(out))
+
+
+# --- parsing ---------------------------------------------------------------
+
+
+def valid_tube_name(name: bytes) -> bool:
+    return (
+        0 < len(name) <= TUBE_NAME_MAX
+        and name[0] != 0x2D  # '-'
+        and all(c in NAME_CHARS for c in name)
+    )
+
+
+class _Bad(Exception):
+    pass
+
+
+def _read_uint(line: bytes, pos: int, limit: int, to_end: bool) -> tuple[int, int]:
+    """beanstalkd's read_u32/read_u64: skip spaces, digits, bounded value."""
+    n = len(line)
+    while pos < n and line[pos] == 0x20:
+        pos += 1
+    start = pos
+    while pos < n and 0x30 <= line[pos] <= 0x39:
+        pos += 1
+    if pos == start or (to_end and pos != n):
+        raise _Bad
+    value = int(line[start:pos])
+    if value > limit:
+        raise _Bad
+    return value, pos
+
+
+def _strtoul_u32(text: bytes) -> int:
+    """`kick`'s bound as beanstalkd reads it: C strtoul, then cast to uint32."""
+    s = text.lstrip(b" \t\n\v\f\r")
+    neg = False
+    if s[:1] in (b"+", b"-"):
+        neg = s[:1] == b"-"
+        s = s[1:]
+    digits = len(s) - len(s.lstrip(b"0123456789"))
+    if digits == 0:
+        raise _Bad
+    value = int(s[:digits])
+    if value > U64_MAX:
+        raise _Bad  # ERANGE
+    if neg:
+        value = (-value) % 2**64
+    return value & U32_MAX
+
+
+def _tube(rest: bytes) -> str:
+    if not valid_tube_name(rest):
+        raise _Bad
+    return rest.decode("ascii")
+
+
+# Parsers for commands whose name is followed by a space and arguments.
+def _p_peek(rest: bytes) -> Command:
+    return Peek(_read_uint(rest, 0, U64_MAX, True)[0])
+
+
+def _p_reserve_timeout(rest: bytes) -> Command:
+    value, _ = _read_uint(rest, 0, U32_MAX, False)
+    if value > 2**31 - 1:
+        raise _Bad
+    return Reserve(value)
+
+
+def _p_reserve_job(rest: bytes) -> Command:
+    return ReserveJob(_read_uint(rest, 0, U64_MAX, True)[0])
+
+
+def _p_delete(rest: bytes) -> Command:
+    return Delete(_read_uint(rest, 0, U64_MAX, True)[0])
+
+
+def _p_release(rest: bytes) -> Command:
+    job_id, pos = _read_uint(rest, 0, U64_MAX, False)
+    pri, pos = _read_uint(rest, pos, U32_MAX, False)
+    delay, _ = _read_uint(rest, pos, U32_MAX, True)
+    return Release(job_id, pri, delay)
+
+
+def _p_bury(rest: bytes) -> Command:
+    job_id, pos = _read_uint(rest, 0, U64_MAX, False)
+    pri, _ = _read_uint(rest, pos, U32_MAX, True)
+    return Bury(job_id, pri)
+
+
+def _p_kick(rest: bytes) -> Command:
+    return Kick(_strtoul_u32(rest))
+
+
+def _p_kick_job(rest: bytes) -> Command:
+    return KickJob(_read_uint(rest, 0, U64_MAX, True)[0])
+
+
+def _p_touch(rest: bytes) -> Command:
+    return Touch(_read_uint(rest, 0, U64_MAX, True)[0])
+
+
+def _p_stats_job(rest: bytes) -> Command:
+    return StatsJob(_read_uint(rest, 0, U64_MAX, True)[0])
+
+
+def _p_pause_tube(rest: bytes) -> Command:
+    pos, n = 0, len(rest)
+    while pos < n and rest[pos] == 0x20:
+        pos += 1
+    start = pos
+    while pos < n and rest[pos] in NAME_CHARS:
+        pos += 1
+    if pos == start:
+        raise _Bad
+    delay, _ = _read_uint(rest, pos, U32_MAX, True)
+    return PauseTube(_tube(rest[start:pos]), delay)
+
+
+# (prefix, parser or constant), in beanstalkd's matching order. Entries whose
+# prefix carries no trailing space must match the whole line exactly.
+_TABLE: list[tuple[bytes, object]] = [
+    (b"peek ", _p_peek),
+    (b"peek-ready", PEEK_READY),
+    (b"peek-delayed", PEEK_DELAYED),
+    (b"peek-buried", PEEK_BURIED),
+    (b"reserve-with-timeout ", _p_reserve_timeout),
+    (b"reserve-job ", _p_reserve_job),
+    (b"reserve", RESERVE),
+    (b"delete ", _p_delete),
+    (b"release ", _p_release),
+    (b"bury ", _p_bury),
+    (b"kick ", _p_kick),
+    (b"kick-job ", _p_kick_job),
+    (b"touch ", _p_touch),
+    (b"stats-job ", _p_stats_job),
+    (b"stats-tube ", lambda rest: StatsTube(_tube(rest))),
+    (b"stats", STATS),
+    (b"use ", lambda rest: Use(_tube(rest))),
+    (b"watch ", lambda rest: Watch(_tube(rest))),
+    (b"ignore ", lambda rest: Ignore(_tube(rest))),
+    (b"list-tubes-watched", LIST_TUBES_WATCHED),
+    (b"list-tube-used", LIST_TUBE_USED),
+    (b"list-tubes", LIST_TUBES),
+]
+# Exact-match fast path for the argument-less commands.
+_EXACT = {prefix: cmd for prefix, cmd in _TABLE if not callable(cmd)}
+
+
+@attrs.frozen(slots=True)
+class _PutHeader:
+    pri: int
+    delay: int
+    ttr: int
+    size: int
+
+
+def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHeader:
+    """One command line (without CRLF) to a command, an error, or a put header."""
+    exact = _EXACT.get(line)
+    if exact is not None:
+        return exact
+    if 0 in line:
+        return ErrorReply(BAD_FORMAT)
+    try:
+        if line.startswith(b"put "):
+            pri, pos = _read_uint(line, 4, U32_MAX, False)
+            delay, pos = _read_uint(line, pos, U32_MAX, False)
+            ttr, pos = _read_uint(line, pos, U32_MAX, False)
+            size, pos = _read_uint(line, pos, U32_MAX, False)
+            if size > max_job_size:
+                return _PutHeader(pri, delay, ttr, -size)  # skip the body
+            if pos != len(line):
+                return ErrorReply(BAD_FORMAT, Put)
+            return _PutHeader(pri, delay, max(ttr, 1), size)
+        for prefix, what in _TABLE:
+            if line.startswith(prefix):
+                if callable(what):
+                    return what(line[len(prefix):])
+                return ErrorReply(BAD_FORMAT)  # trailing garbage after a bare command
+        if line.startswith(b"quit"):
+            return QUIT
+        if line.startswith(b"pause-tube"):
+            return _p_pause_tube(line[len(b"pause-tube"):])
+    except _Bad:
+        return ErrorReply(BAD_FORMAT)
+    return ErrorReply(UNKNOWN_COMMAND)
+
+
+_LINE, _BODY, _SKIP, _DISCARD = range(4)
+
+
+class Parser:
+    """Incremental parser for one connection's input stream.
+
+    `feed(data)` then `events()` returns every complete event so far, in order.
+    """
+
+    __slots__ = ("_buf", "_mode", "_put", "_skip", "max_job_size")
+
+    def __init__(self, max_job_size: int = DEFAULT_MAX_JOB_SIZE) -> None:
+        self.max_job_size = max_job_size
+        self._buf = bytearray()
+        self._mode = _LINE
+        self._put: _PutHeader | None = None
+        self._skip = 0  # body bytes still to throw away in _SKIP mode
+
+    def buffered(self) -> int:
+        """Bytes held that do not yet form a complete event."""
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> None:
+        if self._mode == _SKIP and not self._buf:
+            # Throw away an oversized body without ever holding it.
+            take = min(self._skip, len(data))
+            self._skip -= take
+            data = data[take:]
+        self._buf += data
+
+    def events(self) -> list[Event]:
+        out: list[Event] = []
+        buf = self._buf
+        pos = 0
+        n = len(buf)
+        while True:
+            mode = self._mode
+            if mode == _LINE:
+                end = buf.find(b"\r\n", pos, pos + LINE_MAX)
+                if end < 0:
+                    if n - pos >= LINE_MAX:
+                        # Over-long line: drop it up to its CRLF, keeping a
+                        # trailing CR that may be the start of that CRLF.
+                        self._mode = _DISCARD
+                        pos = n - 1 if buf[n - 1] == 0x0D else n
+                        continue
+                    break
+                line = bytes(buf[pos:end])
+                pos = end + 2
+                ev = parse_line(line, self.max_job_size)
+                if type(ev) is _PutHeader:
+                    if ev.size < 0:
+                        self._mode = _SKIP
+                        self._skip = -ev.size + 2
+                        self._put = None
+                    else:
+                        self._mode = _BODY
+                        self._put = ev
+                    continue
+                out.append(ev)
+                if ev is QUIT:
+                    pos = n  # nothing after quit matters
+                    break
+            elif mode == _BODY:
+                put = self._put
+                need = put.size + 2
+                if n - pos < need:
+                    break
+                body = bytes(buf[pos:pos + put.size])
+                trailer = buf[pos + put.size:pos + need]
+                pos += need
+                self._mode = _LINE
+                self._put = None
+                if trailer != b"\r\n":
+                    out.append(ErrorReply(EXPECTED_CRLF))
+                else:
+                    out.append(Put(put.pri, put.delay, put.ttr, body))
+            elif mode == _SKIP:
+                take = min(self._skip, n - pos)
+                pos += take
+                self._skip -= take
+                if self._skip:
+                    break
+                self._mode = _LINE
+                out.append(ErrorReply(JOB_TOO_BIG, Put))
+            else:  # _DISCARD
+                end = buf.find(b"\r\n", pos)
+                if end < 0:
+                    pos = n - 1 if n > pos and buf[n - 1] == 0x0D else n
+                    break
+                pos = end + 2
+                self._mode = _LINE
+                out.append(ErrorReply(BAD_FORMAT))
+        if pos:
+            del buf[:pos]
+        return out

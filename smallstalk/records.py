@@ -1,0 +1,270 @@
+"""Mutation records: every state change as a frozen attrs class, and its CBOR form.
+
+A record carries every decision its effect depends on (the job id a put was
+given, the job a reserve was granted, the jobs a kick moved) and the wall-clock
+time it happened, in integer nanoseconds since the epoch. Applying the same
+records in the same order therefore always rebuilds the same state.
+
+On disk (and on the replication stream) a record is the CBOR array
+`[code, seq, time, field...]` with the fields in declaration order; see
+snapshots/README.md. Codes are never reused: a new record type takes a new
+code, a changed field list takes a new code and the old decoder stays.
+
+Records marked `LOGGED = False` describe connection-scoped, volatile changes
+(a connection opening, a reserve starting to wait): they go through `apply`
+like the rest but never reach the AOF, because a restart forgets them anyway.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attrs
+import cbor2
+
+FORMAT_VERSION = 1
+
+
+@attrs.frozen(slots=True)
+class Put:
+    CODE: ClassVar[int] = 1
+    seq: int
+    time: int
+    conn: int
+    id: int
+    tube: str
+    pri: int
+    delay: int  # seconds
+    ttr: int  # seconds
+    body: bytes
+
+
+@attrs.frozen(slots=True)
+class Reserve:
+    """Job `id` granted to `conn` (reserve, reserve-with-timeout, reserve-job)."""
+
+    CODE: ClassVar[int] = 2
+    seq: int
+    time: int
+    conn: int
+    id: int
+
+
+@attrs.frozen(slots=True)
+class Delete:
+    CODE: ClassVar[int] = 3
+    seq: int
+    time: int
+    conn: int
+    id: int
+
+
+@attrs.frozen(slots=True)
+class Release:
+    CODE: ClassVar[int] = 4
+    seq: int
+    time: int
+    conn: int
+    id: int
+    pri: int
+    delay: int
+
+
+@attrs.frozen(slots=True)
+class Bury:
+    CODE: ClassVar[int] = 5
+    seq: int
+    time: int
+    conn: int
+    id: int
+    pri: int
+
+
+@attrs.frozen(slots=True)
+class Touch:
+    CODE: ClassVar[int] = 6
+    seq: int
+    time: int
+    conn: int
+    id: int
+
+
+@attrs.frozen(slots=True)
+class Kick:
+    """Buried or delayed jobs moved to ready (kick N and kick-job)."""
+
+    CODE: ClassVar[int] = 7
+    seq: int
+    time: int
+    conn: int
+    ids: tuple[int, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen(slots=True)
+class Use:
+    CODE: ClassVar[int] = 8
+    seq: int
+    time: int
+    conn: int
+    tube: str
+
+
+@attrs.frozen(slots=True)
+class Watch:
+    CODE: ClassVar[int] = 9
+    seq: int
+    time: int
+    conn: int
+    tube: str
+
+
+@attrs.frozen(slots=True)
+class Ignore:
+    CODE: ClassVar[int] = 10
+    seq: int
+    time: int
+    conn: int
+    tube: str
+
+
+@attrs.frozen(slots=True)
+class PauseTube:
+    CODE: ClassVar[int] = 11
+    seq: int
+    time: int
+    conn: int
+    tube: str
+    delay: int  # seconds, at least 1
+
+
+@attrs.frozen(slots=True)
+class Disconnect:
+    """A connection closed: its reservations become ready, its tubes unreferenced."""
+
+    CODE: ClassVar[int] = 12
+    seq: int
+    time: int
+    conn: int
+
+
+@attrs.frozen(slots=True)
+class Promote:
+    """Delayed jobs whose delay ran out become ready."""
+
+    CODE: ClassVar[int] = 13
+    seq: int
+    time: int
+    ids: tuple[int, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen(slots=True)
+class Timeout:
+    """Reserved jobs whose TTR ran out go back to ready."""
+
+    CODE: ClassVar[int] = 14
+    seq: int
+    time: int
+    ids: tuple[int, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen(slots=True)
+class Restart:
+    """The server started on this data: every connection before it is gone."""
+
+    CODE: ClassVar[int] = 15
+    seq: int
+    time: int
+
+
+# --- volatile: applied, never logged --------------------------------------
+
+
+@attrs.frozen(slots=True)
+class Connect:
+    LOGGED: ClassVar[bool] = False
+    seq: int
+    time: int
+    conn: int
+
+
+@attrs.frozen(slots=True)
+class WaitStart:
+    """`conn` waits for a job; `deadline` (ns) is None for a plain reserve."""
+
+    LOGGED: ClassVar[bool] = False
+    seq: int
+    time: int
+    conn: int
+    deadline: int | None
+
+
+@attrs.frozen(slots=True)
+class WaitStop:
+    LOGGED: ClassVar[bool] = False
+    seq: int
+    time: int
+    conn: int
+
+
+LOGGED_TYPES = (
+    Put, Reserve, Delete, Release, Bury, Touch, Kick, Use, Watch, Ignore, PauseTube,
+    Disconnect, Promote, Timeout, Restart,
+)
+Record = (
+    Put | Reserve | Delete | Release | Bury | Touch | Kick | Use | Watch | Ignore | PauseTube
+    | Disconnect | Promote | Timeout | Restart | Connect | WaitStart | WaitStop
+)
+
+for _cls in LOGGED_TYPES:
+    _cls.LOGGED = True  # type: ignore[attr-defined]
+
+BY_CODE: dict[int, type] = {cls.CODE: cls for cls in LOGGED_TYPES}
+FIELDS: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in attrs.fields(cls)) for cls in LOGGED_TYPES
+}
+OP_NAMES: dict[type, str] = {
+    Put: "put", Reserve: "reserve", Delete: "delete", Release: "release", Bury: "bury",
+    Touch: "touch", Kick: "kick", Use: "use", Watch: "watch", Ignore: "ignore",
+    PauseTube: "pause-tube", Disconnect: "disconnect", Promote: "promote",
+    Timeout: "timeout", Restart: "restart",
+}
+
+
+class DecodeError(ValueError):
+    pass
+
+
+def to_list(rec: Record) -> list:
+    """The CBOR array form, without encoding."""
+    cls = type(rec)
+    return [cls.CODE, *(getattr(rec, name) for name in FIELDS[cls])]
+
+
+def encode(rec: Record) -> bytes:
+    return cbor2.dumps(to_list(rec))
+
+
+def from_list(items: list) -> Record:
+    try:
+        cls = BY_CODE[items[0]]
+        return cls(*items[1:])
+    except (KeyError, TypeError, IndexError) as e:
+        raise DecodeError(f"not a record: {items!r:.200}") from e
+
+
+def decode(payload: bytes) -> Record:
+    try:
+        items = cbor2.loads(payload)
+    except Exception as e:  # cbor2 raises several types for garbage
+        raise DecodeError(f"bad CBOR: {e}") from e
+    if not isinstance(items, list) or not items:
+        raise DecodeError("record is not a non-empty array")
+    return from_list(items)
+
+
+def as_dict(rec: Record) -> dict:
+    """Every field by name, for tools (op first)."""
+    out: dict = {"op": OP_NAMES.get(type(rec), type(rec).__name__.lower())}
+    for f in attrs.fields(type(rec)):
+        out[f.name] = getattr(rec, f.name)
+    return out

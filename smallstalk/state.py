@@ -1,0 +1,726 @@
+"""The queue state machine: tubes, jobs, reservations and waiting reservers.
+
+Pure and synchronous: no trio, no sockets, no clock. `apply(record)` is the only
+way to change it, and time enters only through the records' `time` field, so
+the same records in the same order always give the same state. The query
+methods (`best_ready`, `next_grant`, `due_*`, `stats_*`) read it and take the
+current time as an argument where an answer depends on it.
+
+Invariants (checked by `check()` in tests):
+- every job is in exactly one of ready, delayed, reserved, buried, and the
+  counters of its tube and of the whole state agree with the contents;
+- a reserved job is in its reserver's `reserved` set and nowhere else;
+- a tube exists while it is "default", holds a job, or a connection uses or
+  watches it (beanstalkd's reference counting); tube order follows
+  beanstalkd's array with swap-removal, which `list-tubes` shows.
+
+Heaps hold `(key, id, gen)` entries and are cleaned lazily: an entry is live
+only while the job still has that `gen`, which every state change bumps.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+
+from . import records as r
+from .protocol import URGENT_THRESHOLD
+
+READY, DELAYED, RESERVED, BURIED = range(4)
+STATE_NAMES = (b"ready", b"delayed", b"reserved", b"buried")
+NS = 1_000_000_000
+SAFETY_MARGIN = NS  # the last second of a TTR (DEADLINE_SOON)
+DEFAULT_TUBE = "default"
+
+
+class StateError(Exception):
+    """A record that cannot apply to this state: the log and the state disagree."""
+
+
+class Job:
+    __slots__ = (
+        "id", "tube", "pri", "delay", "ttr", "body", "state", "created", "deadline",
+        "reserver", "gen", "reserves", "timeouts", "releases", "buries", "kicks",
+    )
+
+    def __init__(self, id, tube, pri, delay, ttr, body, created):
+        self.id = id
+        self.tube = tube
+        self.pri = pri
+        self.delay = delay
+        self.ttr = ttr
+        self.body = body
+        self.created = created
+        self.state = READY
+        self.deadline = 0
+        self.reserver = 0
+        self.gen = 0
+        self.reserves = self.timeouts = self.releases = self.buries = self.kicks = 0
+
+
+class Tube:
+    __slots__ = (
+        "name", "ready", "delayed", "buried", "ready_n", "urgent_n", "reserved_n",
+        "delayed_n", "jobs_n", "total_jobs", "cmd_delete", "cmd_pause", "pause",
+        "unpause_at", "using_n", "watching_n", "waiting",
+    )
+
+    def __init__(self, name: str):
+        self.name = name
+        self.ready: list = []  # heap of (pri, id, gen)
+        self.delayed: list = []  # heap of (deadline, id, gen)
+        self.buried: dict[int, Job] = {}  # FIFO
+        self.ready_n = self.urgent_n = self.reserved_n = self.delayed_n = self.jobs_n = 0
+        self.total_jobs = self.cmd_delete = self.cmd_pause = 0
+        self.pause = 0  # seconds of the last pause-tube
+        self.unpause_at = 0  # ns
+        self.using_n = self.watching_n = 0
+        self.waiting: list[int] = []  # conn ids, oldest first (volatile)
+
+    def paused(self, now: int) -> bool:
+        return self.unpause_at > now
+
+
+class Conn:
+    __slots__ = ("id", "use", "watch", "reserved", "logged", "waiting", "wait_deadline")
+
+    def __init__(self, id: int):
+        self.id = id
+        self.use = DEFAULT_TUBE
+        self.watch = [DEFAULT_TUBE]  # beanstalkd order, swap-removal
+        self.reserved: set[int] = set()
+        self.logged = False  # mentioned by a logged record: part of the durable state
+        self.waiting = False
+        self.wait_deadline: int | None = None
+
+
+def _secs(ns: int) -> int:
+    """Nanoseconds to whole seconds, truncating toward zero as C does."""
+    return ns // NS if ns >= 0 else -(-ns // NS)
+
+
+def _swap_remove(items: list, item) -> None:
+    i = items.index(item)
+    items[i] = items[-1]
+    items.pop()
+
+
+class State:
+    def __init__(self) -> None:
+        self.jobs: dict[int, Job] = {}
+        self.tubes: dict[str, Tube] = {}
+        self.tube_order: list[str] = []
+        self.conns: dict[int, Conn] = {}
+        self.next_job_id = 1
+        self.next_conn_id = 1
+        self.last_seq = 0
+        self.time = 0  # time of the last applied record
+        self.total_jobs = 0
+        self.job_timeouts = 0
+        self.ready_n = self.urgent_n = self.reserved_n = self.delayed_n = self.buried_n = 0
+        self.waiting_n = 0
+        self.waiters: dict[int, Conn] = {}  # waiting conns, oldest first
+        self.delay_heap: list = []  # (deadline, id, gen) over all tubes
+        self.ttr_heap: list = []  # (deadline, id, gen) over all reserved jobs
+        self._tube(DEFAULT_TUBE)
+        self._apply = {
+            r.Put: self._put, r.Reserve: self._reserve, r.Delete: self._delete,
+            r.Release: self._release, r.Bury: self._bury, r.Touch: self._touch,
+            r.Kick: self._kick, r.Use: self._use, r.Watch: self._watch,
+            r.Ignore: self._ignore, r.PauseTube: self._pause, r.Disconnect: self._disconnect,
+            r.Promote: self._promote, r.Timeout: self._timeout, r.Restart: self._restart,
+            r.Connect: self._connect, r.WaitStart: self._wait_start, r.WaitStop: self._wait_stop,
+        }
+
+    # --- applying records ---------------------------------------------------
+
+    def apply(self, rec: r.Record) -> None:
+        """Change the state by one record. Raises StateError if it cannot apply."""
+        if rec.seq:  # seq 0: applied without being logged (volatile)
+            if rec.seq <= self.last_seq:
+                raise StateError(f"record seq {rec.seq} is not after {self.last_seq}")
+            self.last_seq = rec.seq
+        if rec.time > self.time:
+            self.time = rec.time
+        self._apply[type(rec)](rec)
+
+    def _tube(self, name: str) -> Tube:
+        t = self.tubes.get(name)
+        if t is None:
+            t = self.tubes[name] = Tube(name)
+            self.tube_order.append(name)
+        return t
+
+    def _maybe_drop(self, t: Tube) -> None:
+        if t.jobs_n or t.using_n or t.watching_n or t.name == DEFAULT_TUBE:
+            return
+        del self.tubes[t.name]
+        _swap_remove(self.tube_order, t.name)
+
+    def _conn(self, cid: int, logged: bool = True) -> Conn:
+        c = self.conns.get(cid)
+        if c is None:
+            c = self.conns[cid] = Conn(cid)
+            default = self.tubes[DEFAULT_TUBE]
+            default.using_n += 1
+            default.watching_n += 1
+            if cid >= self.next_conn_id:
+                self.next_conn_id = cid + 1
+        if logged:
+            c.logged = True
+        return c
+
+    def _job(self, jid: int) -> Job:
+        j = self.jobs.get(jid)
+        if j is None:
+            raise StateError(f"job {jid} does not exist")
+        return j
+
+    def _leave(self, j: Job) -> None:
+        """Take a job out of its current state's sets and counters."""
+        t = j.tube
+        st = j.state
+        if st == READY:
+            t.ready_n -= 1
+            self.ready_n -= 1
+            if j.pri < URGENT_THRESHOLD:
+                t.urgent_n -= 1
+                self.urgent_n -= 1
+        elif st == DELAYED:
+            t.delayed_n -= 1
+            self.delayed_n -= 1
+        elif st == RESERVED:
+            t.reserved_n -= 1
+            self.reserved_n -= 1
+            c = self.conns.get(j.reserver)
+            if c is not None:
+                c.reserved.discard(j.id)
+            j.reserver = 0
+        else:
+            del t.buried[j.id]
+            self.buried_n -= 1
+        j.gen += 1  # every heap entry of the old state is now stale
+
+    def _enter_ready(self, j: Job) -> None:
+        t = j.tube
+        j.state = READY
+        heapq.heappush(t.ready, (j.pri, j.id, j.gen))
+        t.ready_n += 1
+        self.ready_n += 1
+        if j.pri < URGENT_THRESHOLD:
+            t.urgent_n += 1
+            self.urgent_n += 1
+
+    def _enter_delayed(self, j: Job, deadline: int) -> None:
+        t = j.tube
+        j.state = DELAYED
+        j.deadline = deadline
+        entry = (deadline, j.id, j.gen)
+        heapq.heappush(t.delayed, entry)
+        heapq.heappush(self.delay_heap, entry)
+        t.delayed_n += 1
+        self.delayed_n += 1
+
+    def _enter_reserved(self, j: Job, c: Conn, deadline: int) -> None:
+        t = j.tube
+        j.state = RESERVED
+        j.reserver = c.id
+        j.deadline = deadline
+        c.reserved.add(j.id)
+        heapq.heappush(self.ttr_heap, (deadline, j.id, j.gen))
+        t.reserved_n += 1
+        self.reserved_n += 1
+
+    def _enter_buried(self, j: Job) -> None:
+        j.state = BURIED
+        j.tube.buried[j.id] = j
+        self.buried_n += 1
+
+    def _enqueue(self, j: Job, delay: int, now: int) -> None:
+        if delay:
+            self._enter_delayed(j, now + delay * NS)
+        else:
+            self._enter_ready(j)
+
+    def _reserved_by(self, jid: int, cid: int) -> Job:
+        j = self._job(jid)
+        if j.state != RESERVED or j.reserver != cid:
+            raise StateError(f"job {jid} is not reserved by connection {cid}")
+        return j
+
+    def _put(self, rec: r.Put) -> None:
+        if rec.id in self.jobs or rec.id < self.next_job_id:
+            raise StateError(f"job id {rec.id} reused")
+        self._conn(rec.conn)
+        t = self._tube(rec.tube)
+        j = Job(rec.id, t, rec.pri, rec.delay, max(rec.ttr, 1), rec.body, rec.time)
+        self.jobs[rec.id] = j
+        self.next_job_id = rec.id + 1
+        t.jobs_n += 1
+        t.total_jobs += 1
+        self.total_jobs += 1
+        self._enqueue(j, rec.delay, rec.time)
+
+    def _reserve(self, rec: r.Reserve) -> None:
+        j = self._job(rec.id)
+        if j.state == RESERVED:
+            raise StateError(f"job {rec.id} is already reserved")
+        c = self._conn(rec.conn)
+        if c.waiting:
+            self._stop_waiting(c)
+        self._leave(j)
+        j.reserves += 1
+        self._enter_reserved(j, c, rec.time + j.ttr * NS)
+
+    def _delete(self, rec: r.Delete) -> None:
+        j = self._job(rec.id)
+        self._conn(rec.conn)
+        if j.state == RESERVED and j.reserver != rec.conn:
+            raise StateError(f"job {rec.id} is reserved by another connection")
+        self._leave(j)
+        t = j.tube
+        t.cmd_delete += 1
+        t.jobs_n -= 1
+        del self.jobs[rec.id]
+        self._maybe_drop(t)
+
+    def _release(self, rec: r.Release) -> None:
+        j = self._reserved_by(rec.id, rec.conn)
+        self._conn(rec.conn)
+        self._leave(j)
+        j.pri = rec.pri
+        j.delay = rec.delay
+        j.releases += 1
+        self._enqueue(j, rec.delay, rec.time)
+
+    def _bury(self, rec: r.Bury) -> None:
+        j = self._reserved_by(rec.id, rec.conn)
+        self._conn(rec.conn)
+        self._leave(j)
+        j.pri = rec.pri
+        j.buries += 1
+        self._enter_buried(j)
+
+    def _touch(self, rec: r.Touch) -> None:
+        j = self._reserved_by(rec.id, rec.conn)
+        self._conn(rec.conn)
+        j.gen += 1
+        j.deadline = rec.time + j.ttr * NS
+        heapq.heappush(self.ttr_heap, (j.deadline, j.id, j.gen))
+
+    def _kick(self, rec: r.Kick) -> None:
+        self._conn(rec.conn)
+        for jid in rec.ids:
+            j = self._job(jid)
+            if j.state not in (BURIED, DELAYED):
+                raise StateError(f"job {jid} is neither buried nor delayed")
+            self._leave(j)
+            j.kicks += 1
+            self._enter_ready(j)
+
+    def _use(self, rec: r.Use) -> None:
+        c = self._conn(rec.conn)
+        new = self._tube(rec.tube)
+        new.using_n += 1
+        old = self.tubes[c.use]
+        old.using_n -= 1
+        c.use = rec.tube
+        self._maybe_drop(old)
+
+    def _watch(self, rec: r.Watch) -> None:
+        c = self._conn(rec.conn)
+        t = self._tube(rec.tube)
+        if rec.tube not in c.watch:
+            c.watch.append(rec.tube)
+            t.watching_n += 1
+
+    def _ignore(self, rec: r.Ignore) -> None:
+        c = self._conn(rec.conn)
+        if rec.tube in c.watch:
+            if len(c.watch) < 2:
+                raise StateError(f"connection {rec.conn} cannot ignore its last tube")
+            _swap_remove(c.watch, rec.tube)
+            t = self.tubes[rec.tube]
+            t.watching_n -= 1
+            self._maybe_drop(t)
+
+    def _pause(self, rec: r.PauseTube) -> None:
+        self._conn(rec.conn)
+        t = self.tubes.get(rec.tube)
+        if t is None:
+            raise StateError(f"tube {rec.tube!r} does not exist")
+        t.pause = rec.delay
+        t.unpause_at = rec.time + rec.delay * NS
+        t.cmd_pause += 1
+
+    def _disconnect(self, rec: r.Disconnect) -> None:
+        c = self.conns.pop(rec.conn, None)
+        if c is None:
+            return  # never seen: nothing to undo
+        if c.waiting:
+            self._stop_waiting(c)
+        for jid in sorted(c.reserved):
+            j = self.jobs[jid]
+            self._leave(j)
+            self._enter_ready(j)
+        t = self.tubes[c.use]
+        t.using_n -= 1
+        self._maybe_drop(t)
+        for name in c.watch:
+            t = self.tubes[name]
+            t.watching_n -= 1
+            self._maybe_drop(t)
+
+    def _promote(self, rec: r.Promote) -> None:
+        for jid in rec.ids:
+            j = self._job(jid)
+            if j.state != DELAYED:
+                raise StateError(f"job {jid} is not delayed")
+            self._leave(j)
+            self._enter_ready(j)
+
+    def _timeout(self, rec: r.Timeout) -> None:
+        for jid in rec.ids:
+            j = self._job(jid)
+            if j.state != RESERVED:
+                raise StateError(f"job {jid} is not reserved")
+            self._leave(j)
+            j.timeouts += 1
+            self.job_timeouts += 1
+            self._enter_ready(j)
+
+    def _restart(self, rec: r.Restart) -> None:
+        for cid in sorted(self.conns):
+            self._disconnect(r.Disconnect(0, rec.time, cid))
+
+    def _connect(self, rec: r.Connect) -> None:
+        self._conn(rec.conn, logged=False)
+
+    def _wait_start(self, rec: r.WaitStart) -> None:
+        c = self._conn(rec.conn, logged=False)
+        if c.waiting:
+            return
+        c.waiting = True
+        c.wait_deadline = rec.deadline
+        self.waiting_n += 1
+        self.waiters[c.id] = c
+        for name in c.watch:
+            self.tubes[name].waiting.append(c.id)
+
+    def _wait_stop(self, rec: r.WaitStop) -> None:
+        c = self.conns.get(rec.conn)
+        if c is not None and c.waiting:
+            self._stop_waiting(c)
+
+    def _stop_waiting(self, c: Conn) -> None:
+        c.waiting = False
+        c.wait_deadline = None
+        self.waiting_n -= 1
+        del self.waiters[c.id]
+        for name in c.watch:
+            self.tubes[name].waiting.remove(c.id)
+
+    # --- queries --------------------------------------------------------------
+
+    def conn(self, cid: int) -> Conn | None:
+        return self.conns.get(cid)
+
+    def use_of(self, cid: int) -> str:
+        c = self.conns.get(cid)
+        return c.use if c else DEFAULT_TUBE
+
+    def watch_of(self, cid: int) -> list[str]:
+        c = self.conns.get(cid)
+        return c.watch if c else [DEFAULT_TUBE]
+
+    def conn_logged(self, cid: int) -> bool:
+        c = self.conns.get(cid)
+        return c is not None and c.logged
+
+    def _top_ready(self, t: Tube) -> Job | None:
+        heap = t.ready
+        jobs = self.jobs
+        while heap:
+            _, jid, gen = heap[0]
+            j = jobs.get(jid)
+            if j is not None and j.gen == gen and j.state == READY:
+                return j
+            heapq.heappop(heap)
+        return None
+
+    def _top_delayed(self, t: Tube) -> Job | None:
+        heap = t.delayed
+        jobs = self.jobs
+        while heap:
+            _, jid, gen = heap[0]
+            j = jobs.get(jid)
+            if j is not None and j.gen == gen and j.state == DELAYED:
+                return j
+            heapq.heappop(heap)
+        return None
+
+    def peek_ready(self, tube: str) -> Job | None:
+        t = self.tubes.get(tube)
+        return self._top_ready(t) if t else None
+
+    def peek_delayed(self, tube: str) -> Job | None:
+        t = self.tubes.get(tube)
+        return self._top_delayed(t) if t else None
+
+    def peek_buried(self, tube: str) -> Job | None:
+        t = self.tubes.get(tube)
+        if t is None or not t.buried:
+            return None
+        return next(iter(t.buried.values()))
+
+    def best_ready(self, cid: int, now: int) -> Job | None:
+        """The job a reserve by `cid` gets now: lowest (pri, id) in unpaused watched tubes."""
+        best = None
+        for name in self.watch_of(cid):
+            t = self.tubes[name]
+            if not t.ready_n or t.paused(now):
+                continue
+            j = self._top_ready(t)
+            if j is not None and (best is None or (j.pri, j.id) < (best.pri, best.id)):
+                best = j
+        return best
+
+    def has_ready(self, cid: int) -> bool:
+        """beanstalkd's conn_ready: a watched tube has ready jobs, paused or not."""
+        return any(self.tubes[name].ready_n for name in self.watch_of(cid))
+
+    def deadline_soon(self, cid: int, now: int) -> bool:
+        c = self.conns.get(cid)
+        if c is None or not c.reserved:
+            return False
+        soonest = min(self.jobs[jid].deadline for jid in c.reserved)
+        return now >= soonest - SAFETY_MARGIN
+
+    def next_grant(self, now: int) -> tuple[int, Job] | None:
+        """(waiting conn, job) for the best job any waiter can take now, or None."""
+        if not self.waiting_n:
+            return None
+        best = None
+        best_tube = None
+        for name in self.tube_order:
+            t = self.tubes[name]
+            if not t.waiting or not t.ready_n or t.paused(now):
+                continue
+            j = self._top_ready(t)
+            if j is not None and (best is None or (j.pri, j.id) < (best.pri, best.id)):
+                best, best_tube = j, t
+        if best is None:
+            return None
+        return best_tube.waiting[0], best
+
+    def kickable(self, tube: str, bound: int) -> list[int]:
+        """Ids `kick bound` moves: buried first (FIFO), else delayed (soonest first)."""
+        t = self.tubes.get(tube)
+        if t is None or bound == 0:
+            return []
+        if t.buried:
+            out = []
+            for jid in t.buried:
+                if len(out) >= bound:
+                    break
+                out.append(jid)
+            return out
+        live = [
+            (d, jid) for d, jid, gen in t.delayed
+            if (j := self.jobs.get(jid)) is not None and j.gen == gen and j.state == DELAYED
+        ]
+        return [jid for _, jid in heapq.nsmallest(bound, live)]
+
+    def due_promotions(self, now: int) -> list[int]:
+        out = []
+        heap = self.delay_heap
+        jobs = self.jobs
+        while heap and heap[0][0] <= now:
+            _, jid, gen = heapq.heappop(heap)
+            j = jobs.get(jid)
+            if j is not None and j.gen == gen and j.state == DELAYED:
+                out.append(jid)
+        return out
+
+    def due_timeouts(self, now: int) -> list[int]:
+        out = []
+        heap = self.ttr_heap
+        jobs = self.jobs
+        while heap and heap[0][0] < now:  # beanstalkd: deadline_at >= now keeps it
+            _, jid, gen = heapq.heappop(heap)
+            j = jobs.get(jid)
+            if j is not None and j.gen == gen and j.state == RESERVED:
+                out.append(jid)
+        return out
+
+    def _heap_head(self, heap: list, state: int) -> int | None:
+        jobs = self.jobs
+        while heap:
+            d, jid, gen = heap[0]
+            j = jobs.get(jid)
+            if j is not None and j.gen == gen and j.state == state:
+                return d
+            heapq.heappop(heap)
+        return None
+
+    def next_deadline(self, now: int) -> int | None:
+        """The earliest time (ns) at which something changes without a command."""
+        times = []
+        d = self._heap_head(self.delay_heap, DELAYED)
+        if d is not None:
+            times.append(d)
+        d = self._heap_head(self.ttr_heap, RESERVED)
+        if d is not None:
+            times.append(d + 1)  # a TTR runs out strictly after its deadline
+        if self.waiting_n:
+            for c in self.waiters.values():
+                if c.wait_deadline is not None:
+                    times.append(c.wait_deadline)
+                if c.reserved:
+                    times.append(min(self.jobs[j].deadline for j in c.reserved) - SAFETY_MARGIN)
+                for name in c.watch:
+                    t = self.tubes[name]
+                    if t.unpause_at > now:
+                        times.append(t.unpause_at)
+        return min(times) if times else None
+
+    def waiters_due(self, now: int) -> list[tuple[int, bytes]]:
+        """Waiting conns to answer now: ('deadline', cid) before ('timeout', cid)."""
+        out = []
+        for c in list(self.waiters.values()):
+            if self.deadline_soon(c.id, now):
+                out.append((c.id, b"DEADLINE_SOON"))
+            elif c.wait_deadline is not None and c.wait_deadline <= now:
+                out.append((c.id, b"TIMED_OUT"))
+        return out
+
+    # --- stats ---------------------------------------------------------------
+
+    def job_stats(self, j: Job, now: int) -> list[tuple[str, object]]:
+        time_left = _secs(j.deadline - now) if j.state in (RESERVED, DELAYED) else 0
+        return [
+            ("id", j.id), ("tube", j.tube.name), ("state", STATE_NAMES[j.state]),
+            ("pri", j.pri), ("age", _secs(now - j.created)), ("delay", j.delay),
+            ("ttr", j.ttr), ("time-left", time_left), ("file", 0), ("reserves", j.reserves),
+            ("timeouts", j.timeouts), ("releases", j.releases), ("buries", j.buries),
+            ("kicks", j.kicks),
+        ]
+
+    def tube_stats(self, t: Tube, now: int) -> list[tuple[str, object]]:
+        paused = t.paused(now)
+        return [
+            ("name", t.name), ("current-jobs-urgent", t.urgent_n),
+            ("current-jobs-ready", t.ready_n), ("current-jobs-reserved", t.reserved_n),
+            ("current-jobs-delayed", t.delayed_n), ("current-jobs-buried", len(t.buried)),
+            ("total-jobs", t.total_jobs), ("current-using", t.using_n),
+            ("current-watching", t.watching_n), ("current-waiting", len(t.waiting)),
+            ("cmd-delete", t.cmd_delete), ("cmd-pause-tube", t.cmd_pause),
+            ("pause", t.pause if paused else 0),
+            ("pause-time-left", _secs(t.unpause_at - now) if paused else 0),
+        ]
+
+    # --- the durable form ------------------------------------------------------
+
+    def dump(self) -> Iterator[list]:
+        """The durable state as CBOR-ready items, in a canonical order.
+
+        Volatile parts (waiting reservers, connections no logged record
+        mentioned) are left out: a restart forgets them.
+        """
+        yield ["meta", self.last_seq, self.time, self.next_job_id, self.next_conn_id,
+               self.total_jobs, self.job_timeouts]
+        for name in self.tube_order:
+            t = self.tubes[name]
+            yield ["tube", name, t.total_jobs, t.cmd_delete, t.cmd_pause, t.pause, t.unpause_at]
+        for cid in sorted(self.conns):
+            c = self.conns[cid]
+            if c.logged:
+                yield ["conn", cid, c.use, list(c.watch)]
+        for jid in sorted(self.jobs):
+            j = self.jobs[jid]
+            if j.state != BURIED:  # buried jobs follow, in their FIFO order
+                yield self._job_item(j)
+        for name in self.tube_order:
+            for j in self.tubes[name].buried.values():
+                yield self._job_item(j)
+
+    @staticmethod
+    def _job_item(j: Job) -> list:
+        return ["job", j.id, j.tube.name, j.pri, j.delay, j.ttr, j.body, j.state, j.created,
+                j.deadline, j.reserver, j.reserves, j.timeouts, j.releases, j.buries, j.kicks]
+
+    @classmethod
+    def load(cls, items) -> State:
+        """Rebuild a state from `dump()` items."""
+        s = cls()
+        s.tubes.clear()
+        s.tube_order.clear()
+        for item in items:
+            kind = item[0]
+            if kind == "job":
+                (_, jid, tube, pri, delay, ttr, body, st, created, deadline, reserver,
+                 reserves, timeouts, releases, buries, kicks) = item
+                t = s.tubes[tube]
+                j = Job(jid, t, pri, delay, ttr, body, created)
+                j.reserves, j.timeouts, j.releases, j.buries, j.kicks = (
+                    reserves, timeouts, releases, buries, kicks)
+                s.jobs[jid] = j
+                t.jobs_n += 1
+                if st == READY:
+                    s._enter_ready(j)
+                elif st == DELAYED:
+                    s._enter_delayed(j, deadline)
+                elif st == RESERVED:
+                    s._enter_reserved(j, s.conns[reserver], deadline)
+                else:
+                    s._enter_buried(j)
+            elif kind == "tube":
+                _, name, total, cmd_delete, cmd_pause, pause, unpause_at = item
+                t = s._tube(name)
+                t.total_jobs, t.cmd_delete, t.cmd_pause = total, cmd_delete, cmd_pause
+                t.pause, t.unpause_at = pause, unpause_at
+            elif kind == "conn":
+                _, cid, use, watch = item
+                c = s.conns[cid] = Conn(cid)
+                c.logged = True
+                c.use = use
+                c.watch = list(watch)
+                s.tubes[use].using_n += 1
+                for name in watch:
+                    s.tubes[name].watching_n += 1
+            elif kind == "meta":
+                (_, s.last_seq, s.time, s.next_job_id, s.next_conn_id, s.total_jobs,
+                 s.job_timeouts) = item
+            else:
+                raise StateError(f"unknown snapshot item {kind!r}")
+        return s
+
+    def check(self) -> None:
+        """Assert the invariants in the module docstring (for tests)."""
+        counts = {st: 0 for st in range(4)}
+        per_tube: dict[str, list[int]] = {name: [0, 0, 0, 0, 0] for name in self.tubes}
+        for j in self.jobs.values():
+            counts[j.state] += 1
+            pt = per_tube[j.tube.name]
+            pt[j.state] += 1
+            pt[4] += 1
+            if j.state == RESERVED:
+                assert j.id in self.conns[j.reserver].reserved
+            if j.state == BURIED:
+                assert j.id in j.tube.buried
+        assert counts[READY] == self.ready_n
+        assert counts[DELAYED] == self.delayed_n
+        assert counts[RESERVED] == self.reserved_n
+        assert counts[BURIED] == self.buried_n
+        for name, t in self.tubes.items():
+            ready, delayed, reserved, buried, total = per_tube[name]
+            assert (t.ready_n, t.delayed_n, t.reserved_n, len(t.buried), t.jobs_n) == (
+                ready, delayed, reserved, buried, total), name
+        for c in self.conns.values():
+            for jid in c.reserved:
+                assert self.jobs[jid].reserver == c.id
+        assert sorted(self.tube_order) == sorted(self.tubes)
+        for name, t in self.tubes.items():
+            assert t.using_n == sum(1 for c in self.conns.values() if c.use == name)
+            assert t.watching_n == sum(1 for c in self.conns.values() if name in c.watch)
+            assert (t.jobs_n or t.using_n or t.watching_n or name == DEFAULT_TUBE)
