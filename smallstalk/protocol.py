@@ -500,10 +500,7 @@ class Parser:
                 end = buf.find(b"\r\n", pos, pos + LINE_MAX)
                 if end < 0:
                     if n - pos >= LINE_MAX:
-                        # Over-long line: drop it up to its CRLF, keeping a
-                        # trailing CR that may be the start of that CRLF.
-                        self._mode = _DISCARD
-                        pos = n - 1 if buf[n - 1] == 0x0D else n
+                        self._mode = _DISCARD  # over-long: drop it up to its CRLF
                         continue
                     break
                 line = bytes(buf[pos:end])
@@ -547,6 +544,7 @@ class Parser:
             else:  # _DISCARD
                 end = buf.find(b"\r\n", pos)
                 if end < 0:
+                    # Keep a trailing CR: it may be the start of the CRLF.
                     pos = n - 1 if n > pos and buf[n - 1] == 0x0D else n
                     break
                 pos = end + 2
@@ -555,3 +553,39 @@ class Parser:
         if pos:
             del buf[:pos]
         return out
+
+
+def render(cmd: Command) -> bytes:
+    """A command as a client sends it (the inverse of parsing)."""
+    t = type(cmd)
+    if t is Put:
+        return b"put %d %d %d %d\r\n%s\r\n" % (cmd.pri, cmd.delay, cmd.ttr, len(cmd.body), cmd.body)
+    if t is Reserve:
+        if cmd.timeout is None:
+            return b"reserve\r\n"
+        return b"reserve-with-timeout %d\r\n" % cmd.timeout
+    if t is Release:
+        return b"release %d %d %d\r\n" % (cmd.id, cmd.pri, cmd.delay)
+    if t is Bury:
+        return b"bury %d %d\r\n" % (cmd.id, cmd.pri)
+    if t is PauseTube:
+        return b"pause-tube %s %d\r\n" % (cmd.tube.encode(), cmd.delay)
+    if t is Kick:
+        return b"kick %d\r\n" % cmd.bound
+    name = _NAMES[t]
+    if t in _ID_COMMANDS:
+        return b"%s %d\r\n" % (name, cmd.id)
+    if t in (Use, Watch, Ignore, StatsTube):
+        return b"%s %s\r\n" % (name, cmd.tube.encode())
+    return name + b"\r\n"
+
+
+_NAMES = {
+    ReserveJob: b"reserve-job", Delete: b"delete", Touch: b"touch", Peek: b"peek",
+    KickJob: b"kick-job", StatsJob: b"stats-job", Use: b"use", Watch: b"watch",
+    Ignore: b"ignore", StatsTube: b"stats-tube", PeekReady: b"peek-ready",
+    PeekDelayed: b"peek-delayed", PeekBuried: b"peek-buried", Stats: b"stats",
+    ListTubes: b"list-tubes", ListTubeUsed: b"list-tube-used",
+    ListTubesWatched: b"list-tubes-watched", Quit: b"quit",
+}
+_ID_COMMANDS = (ReserveJob, Delete, Touch, Peek, KickJob, StatsJob)

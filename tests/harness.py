@@ -1,0 +1,77 @@
+"""An in-process broker for tests: the real mutation loop, clients without sockets.
+
+Time comes from trio's clock, so tests run under pytest-trio's `autojump_clock`
+(MockClock with autojump_threshold=0) and a 60-second TTR takes no real time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from smallstalk import protocol as p
+from smallstalk.journal import FSYNC_NEVER, Journal
+from smallstalk.loop import MutationLoop
+from smallstalk.state import State
+
+EPOCH = 1_700_000_000 * 10**9  # wall-clock origin of the tests' clock (ns)
+
+
+def mock_wall_clock() -> int:
+    return EPOCH + int(trio.current_time() * 1e9)
+
+
+class Client:
+    """One connection: send raw protocol bytes, get the reply bytes."""
+
+    def __init__(self, lp: MutationLoop):
+        self.lp = lp
+        self.session, self.outbox = lp.open_session()
+        self.parser = p.Parser(lp.max_job_size)
+
+    @property
+    def id(self) -> int:
+        return self.session.id
+
+    def send(self, data: bytes) -> None:
+        self.parser.feed(data)
+        events = self.parser.events()
+        if events:
+            self.lp.submit(self.session, events)
+
+    async def recv(self) -> bytes:
+        """Replies until the submitted batch is fully answered."""
+        out = []
+        while True:
+            blob, done, close = await self.outbox.receive()
+            out.append(blob)
+            if done or close:
+                return b"".join(out)
+
+    async def ask(self, data: bytes) -> bytes:
+        self.send(data)
+        return await self.recv()
+
+    def close(self) -> None:
+        self.lp.close_session(self.session)
+
+
+class Broker:
+    def __init__(self, lp: MutationLoop):
+        self.lp = lp
+
+    def client(self) -> Client:
+        return Client(self.lp)
+
+
+def make_loop(data_dir: Path | None = None, **journal_kw) -> MutationLoop:
+    journal = None
+    state = State()
+    if data_dir is not None:
+        from smallstalk.recovery import recover
+
+        state = recover(data_dir).state
+        journal = Journal(data_dir, state.last_seq + 1, fsync=journal_kw.pop("fsync", FSYNC_NEVER),
+                          **journal_kw)
+    return MutationLoop(state, journal, data_dir, clock=mock_wall_clock)

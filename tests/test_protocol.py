@@ -1,0 +1,171 @@
+"""The sans-I/O parser: byte-exact cases, split input, and arbitrary byte soup."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from smallstalk import protocol as p
+
+
+def parse_all(data: bytes, chunk: int | None = None, max_job_size: int = 65535) -> list:
+    parser = p.Parser(max_job_size)
+    out = []
+    if chunk is None:
+        parser.feed(data)
+        out += parser.events()
+    else:
+        for i in range(0, len(data), chunk):
+            parser.feed(data[i:i + chunk])
+            out += parser.events()
+    return out
+
+
+CASES = [
+    (b"put 1 2 3 5\r\nhello\r\n", [p.Put(1, 2, 3, b"hello")]),
+    (b"put 0 0 0 0\r\n\r\n", [p.Put(0, 0, 1, b"")]),  # ttr 0 becomes 1
+    (b"put 4294967295 0 1 1\r\nx\r\n", [p.Put(2**32 - 1, 0, 1, b"x")]),
+    (b"put 4294967296 0 1 1\r\nx\r\n", [p.ErrorReply(p.BAD_FORMAT), p.ErrorReply(p.UNKNOWN_COMMAND)]),
+    (b"put 1 0 1 3\r\na\r\n\r\n", [p.Put(1, 0, 1, b"a\r\n")]),
+    (b"put 1 0 1 3\r\na\x00b\r\n", [p.Put(1, 0, 1, b"a\x00b")]),
+    (b"put 1 0 1 2\r\nabc\r\n", [p.ErrorReply(p.EXPECTED_CRLF)]),  # "\n" waits for more
+    (b"put 1 0 1 2\r\nabcd\r\nstats\r\n",
+     [p.ErrorReply(p.EXPECTED_CRLF), p.ErrorReply(p.UNKNOWN_COMMAND), p.STATS]),
+    (b"put 1 0 1 2 \r\nab\r\n", [p.ErrorReply(p.BAD_FORMAT, p.Put), p.ErrorReply(p.UNKNOWN_COMMAND)]),
+    (b"put 1 0 1\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
+    (b"put -1 0 1 1\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
+    (b"put\r\n", [p.ErrorReply(p.UNKNOWN_COMMAND)]),
+    (b"reserve\r\n", [p.Reserve(None)]),
+    (b"reservex\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
+    (b"reserve-with-timeout 5\r\n", [p.Reserve(5)]),
+    (b"reserve-with-timeout 5x\r\n", [p.Reserve(5)]),  # beanstalkd ignores the tail
+    (b"reserve-with-timeout 2147483648\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
+    (b"reserve-job 7\r\n", [p.ReserveJob(7)]),
+    (b"delete 18446744073709551615\r\n", [p.Delete(2**64 - 1)]),
+    (b"delete 18446744073709551616\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
+    (b"delete 1 \r\n", [p.ErrorReply(p.BAD_FORMAT)]),
+    (b"delete  1\r\n", [p.Delete(1)]),
+    (b"release 1 2 3\r\n", [p.Release(1, 2, 3)]),
+    (b"bury 1 2\r\n", [p.Bury(1, 2)]),
+    (b"touch 3\r\n", [p.Touch(3)]),
+    (b"use foo\r\n", [p.Use("foo")]),
+    (b"use  foo\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
+    (b"use -foo\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
+    (b"use a*b\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
+    (b"use " + b"a" * 200 + b"\r\n", [p.Use("a" * 200)]),
+    (b"use " + b"a" * 201 + b"\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
+    (b"watch A-Z+/;.$_()9\r\n", [p.Watch("A-Z+/;.$_()9")]),
+    (b"ignore foo\r\n", [p.Ignore("foo")]),
+    (b"peek 1\r\n", [p.Peek(1)]),
+    (b"peek-ready\r\npeek-delayed\r\npeek-buried\r\n", [p.PEEK_READY, p.PEEK_DELAYED, p.PEEK_BURIED]),
+    (b"peek-readyx\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
+    (b"kick 10\r\n", [p.Kick(10)]),
+    (b"kick 10abc\r\n", [p.Kick(10)]),
+    (b"kick -1\r\n", [p.Kick(2**32 - 1)]),
+    (b"kick x\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
+    (b"kick\r\n", [p.ErrorReply(p.UNKNOWN_COMMAND)]),
+    (b"kick-job 4\r\n", [p.KickJob(4)]),
+    (b"stats-job 4\r\n", [p.StatsJob(4)]),
+    (b"stats-tube default\r\n", [p.StatsTube("default")]),
+    (b"stats\r\n", [p.STATS]),
+    (b"statsx\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
+    (b"list-tubes\r\nlist-tube-used\r\nlist-tubes-watched\r\n",
+     [p.LIST_TUBES, p.LIST_TUBE_USED, p.LIST_TUBES_WATCHED]),
+    (b"pause-tube foo 10\r\n", [p.PauseTube("foo", 10)]),
+    (b"pause-tube  foo  10\r\n", [p.PauseTube("foo", 10)]),
+    (b"pause-tube foo\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
+    (b"quit\r\n", [p.QUIT]),
+    (b"quitx\r\n", [p.QUIT]),
+    (b"frobnicate\r\n", [p.ErrorReply(p.UNKNOWN_COMMAND)]),
+    (b"stats\x00\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
+    (b"\r\n", [p.ErrorReply(p.UNKNOWN_COMMAND)]),
+]
+
+
+@pytest.mark.parametrize("data,expected", CASES, ids=[repr(c[0][:30]) for c in CASES])
+@pytest.mark.parametrize("chunk", [None, 1, 3])
+def test_cases(data: bytes, expected: list, chunk: int | None) -> None:
+    assert parse_all(data, chunk) == expected
+
+
+def test_line_limit_is_224_bytes_including_crlf() -> None:
+    ok = b"use " + b"a" * 200 + b"x" * 18  # 222 bytes + CRLF = 224
+    assert len(ok) + 2 == p.LINE_MAX
+    assert parse_all(ok + b"\r\n") == [p.ErrorReply(p.BAD_FORMAT)]  # name > 200: BAD_FORMAT
+    too_long = b"x" * 223 + b"\r\nstats\r\n"  # 225 with CRLF
+    for chunk in (None, 1, 7, 100):
+        assert parse_all(too_long, chunk) == [p.ErrorReply(p.BAD_FORMAT), p.STATS]
+
+
+def test_over_long_line_is_not_buffered() -> None:
+    parser = p.Parser()
+    for _ in range(1000):
+        parser.feed(b"y" * 1000)
+        assert parser.events() == []
+        assert parser.buffered() <= 1
+    parser.feed(b"\r\nstats\r\n")
+    assert parser.events() == [p.ErrorReply(p.BAD_FORMAT), p.STATS]
+
+
+def test_job_too_big_skips_the_body_without_buffering_it() -> None:
+    parser = p.Parser(max_job_size=10)
+    parser.feed(b"put 0 0 1 100000\r\n")
+    assert parser.events() == []
+    for _ in range(100):
+        parser.feed(b"z" * 1000)
+        assert parser.events() == []
+        assert parser.buffered() == 0
+    parser.feed(b"\r\nput 0 0 1 2\r\nok\r\n")
+    assert parser.events() == [p.ErrorReply(p.JOB_TOO_BIG, p.Put), p.Put(0, 0, 1, b"ok")]
+
+
+def test_body_split_anywhere() -> None:
+    body = b"a\r\nb\x00c\rd\n" * 50
+    data = b"put 5 0 60 %d\r\n%s\r\nreserve\r\n" % (len(body), body)
+    for chunk in (1, 2, 5, 64, 1000):
+        assert parse_all(data, chunk) == [p.Put(5, 0, 60, body), p.RESERVE]
+
+
+def test_nothing_after_quit_is_parsed() -> None:
+    assert parse_all(b"quit\r\nput 0 0 1 1\r\nx\r\n") == [p.QUIT]
+
+
+tubes = st.text(alphabet="abcXYZ09-+/;.$_()", min_size=1, max_size=200).filter(
+    lambda s: not s.startswith("-"))
+u32 = st.integers(0, 2**32 - 1)
+ids = st.integers(0, 2**64 - 1)
+commands = st.one_of(
+    st.builds(p.Put, u32, u32, st.integers(1, 2**32 - 1), st.binary(max_size=300)),
+    st.builds(p.Reserve, st.none() | st.integers(0, 2**31 - 1)),
+    st.builds(p.ReserveJob, ids), st.builds(p.Delete, ids),
+    st.builds(p.Release, ids, u32, u32), st.builds(p.Bury, ids, u32), st.builds(p.Touch, ids),
+    st.builds(p.Use, tubes), st.builds(p.Watch, tubes), st.builds(p.Ignore, tubes),
+    st.builds(p.Peek, ids), st.just(p.PEEK_READY), st.just(p.PEEK_DELAYED),
+    st.just(p.PEEK_BURIED), st.builds(p.Kick, u32), st.builds(p.KickJob, ids),
+    st.builds(p.StatsJob, ids), st.builds(p.StatsTube, tubes), st.just(p.STATS),
+    st.just(p.LIST_TUBES), st.just(p.LIST_TUBE_USED), st.just(p.LIST_TUBES_WATCHED),
+    st.builds(p.PauseTube, tubes, u32),
+)
+
+
+@given(st.lists(commands, max_size=20), st.integers(1, 50))
+@settings(max_examples=300)
+def test_round_trip(cmds: list, chunk: int) -> None:
+    data = b"".join(p.render(c) for c in cmds)
+    assert parse_all(data) == cmds
+    assert parse_all(data, chunk) == cmds
+
+
+@given(st.lists(st.binary(max_size=300) | st.sampled_from(
+    [b"\r\n", b"put 0 0 1 3\r\n", b"put 0 0 1 70000\r\n", b"reserve", b"use ", b"\r"]),
+    max_size=40), st.integers(1, 64))
+@settings(max_examples=500)
+def test_byte_soup_never_raises_and_stays_bounded(pieces: list, chunk: int) -> None:
+    parser = p.Parser()
+    data = b"".join(pieces)
+    for i in range(0, len(data), chunk):
+        parser.feed(data[i:i + chunk])
+        for ev in parser.events():
+            assert isinstance(ev, (p.ErrorReply, *p.Command.__args__))
+        assert parser.buffered() <= max(p.LINE_MAX, 65535 + 2) + chunk
