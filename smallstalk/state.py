@@ -114,7 +114,7 @@ class State:
         self.next_job_id = 1
         self.next_conn_id = 1
         self.last_seq = 0
-        self.time = 0  # time of the last applied record
+        self.time = 0  # time of the last logged record applied
         self.total_jobs = 0
         self.job_timeouts = 0
         self.ready_n = self.urgent_n = self.reserved_n = self.delayed_n = self.buried_n = 0
@@ -140,8 +140,8 @@ class State:
             if rec.seq <= self.last_seq:
                 raise StateError(f"record seq {rec.seq} is not after {self.last_seq}")
             self.last_seq = rec.seq
-        if rec.time > self.time:
-            self.time = rec.time
+            if rec.time > self.time:
+                self.time = rec.time
         self._apply[type(rec)](rec)
 
     def _tube(self, name: str) -> Tube:
@@ -164,10 +164,11 @@ class State:
             default = self.tubes[DEFAULT_TUBE]
             default.using_n += 1
             default.watching_n += 1
-            if cid >= self.next_conn_id:
-                self.next_conn_id = cid + 1
         if logged:
             c.logged = True
+            # Ids of connections that left no trace in the log may come again.
+            if cid >= self.next_conn_id:
+                self.next_conn_id = cid + 1
         return c
 
     def _job(self, jid: int) -> Job:
@@ -204,6 +205,7 @@ class State:
     def _enter_ready(self, j: Job) -> None:
         t = j.tube
         j.state = READY
+        j.deadline = 0  # meaningful only while delayed or reserved
         heapq.heappush(t.ready, (j.pri, j.id, j.gen))
         t.ready_n += 1
         self.ready_n += 1
@@ -233,6 +235,7 @@ class State:
 
     def _enter_buried(self, j: Job) -> None:
         j.state = BURIED
+        j.deadline = 0
         j.tube.buried[j.id] = j
         self.buried_n += 1
 
