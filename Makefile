@@ -27,3 +27,6 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+fixtures: $(STAMP)
+	$(BIN)/python tools/make_fixtures.py

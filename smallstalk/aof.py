@@ -68,7 +68,8 @@ def read_header(path: Path, data: bytes, magic: bytes) -> int:
     (crc,) = struct.unpack_from("<I", data, HEADER.size)
     if got_magic != magic or crc != zlib.crc32(data[: HEADER.size]):
         raise CorruptionError(path, 0, None, "bad header")
-    if version != records.FORMAT_VERSION:
+    if not 1 <= version <= records.FORMAT_VERSION:
+        # Older versions stay readable (their decoders are kept); newer ones are not ours.
         raise CorruptionError(path, 0, None, f"unknown format version {version}")
     return seq
 
@@ -98,6 +99,11 @@ def read_frames(data: bytes, start: int = HEADER_SIZE) -> Iterator[tuple[int, by
             return
         length, crc = unpack(data, pos)
         body_start = pos + FRAME.size
+        if length == 0:
+            # Every record encodes to at least one byte; zeros are a tail the
+            # file system allocated but the write never filled.
+            yield FrameScan(pos, n, "zero-length frame")
+            return
         if length > MAX_FRAME or body_start + length > n:
             yield FrameScan(pos, n, "frame runs past the end of the file")
             return
@@ -120,7 +126,7 @@ def later_good_frame(data: bytes, after: int) -> int | None:
     unpack = FRAME.unpack_from
     for pos in range(after + 1, n - FRAME.size):
         length, crc = unpack(data, pos)
-        if 0 < length <= n - pos - FRAME.size and length <= 1 << 24:
+        if 0 < length <= n - pos - FRAME.size:
             payload = data[pos + FRAME.size:pos + FRAME.size + length]
             if zlib.crc32(payload) == crc:
                 try:
@@ -238,5 +244,8 @@ def iter_segment(path: Path, data: bytes | None = None) -> Iterator[tuple[int, r
             rec = records.decode(payload)
         except records.DecodeError as e:
             raise CorruptionError(path, offset, last, str(e)) from None
+        if last == first - 1 and rec.seq != first:
+            raise CorruptionError(path, offset, None,
+                                  f"header says first seq {first}, first record has {rec.seq}")
         last = rec.seq
         yield offset, rec

@@ -53,7 +53,9 @@ smallstalk's own:
  --fsync-interval MS     the interval for everysec (default 1000)
  --segment-records N     close a segment after N records (default 100000)
  --segment-bytes BYTES   close a segment at this size (default 16777216)
- --compact-interval SEC  how often the compactor looks for closed segments (default 10)
+ --compact-interval SEC  fold closed segments into a snapshot this often (default 10)
+ --compact-segments N    ...or as soon as N segments are closed (default 4)
+ --no-compact            never compact (the AOF keeps every record)
 """
 
 MAIN_HELP = """\
@@ -83,6 +85,8 @@ class ServeConfig:
     segment_records: int = 100_000
     segment_bytes: int = 16 << 20
     compact_interval: float = 10.0
+    compact_segments: int = 4
+    compact: bool = True
     user: str | None = None
     verbose: int = 0
 
@@ -99,7 +103,7 @@ def _int(text: str, flag: str) -> int:
 
 LONG_OPTIONS = {
     "--data-dir", "--fsync", "--fsync-interval", "--segment-records", "--segment-bytes",
-    "--compact-interval", "--listen", "--port", "--max-job-size",
+    "--compact-interval", "--compact-segments", "--listen", "--port", "--max-job-size",
 }
 
 
@@ -113,6 +117,9 @@ def parse_serve(argv: list[str]) -> ServeConfig | str:
             name, eq, value = arg.partition("=")
             if name in ("--help",):
                 return SERVE_HELP
+            if name == "--no-compact":
+                cfg.compact = False
+                continue
             if name == "--version":
                 return f"smallstalk {VERSION}"
             if name not in LONG_OPTIONS:
@@ -186,6 +193,8 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
         cfg.segment_bytes = max(_int(value, name), 4096)
     elif name == "--compact-interval":
         cfg.compact_interval = float(value)
+    elif name == "--compact-segments":
+        cfg.compact_segments = max(_int(value, name), 1)
     elif name == "--listen":
         cfg.addr = value
     elif name == "--port":
@@ -236,8 +245,9 @@ async def serve(cfg: ServeConfig) -> None:
             nursery.start_soon(lp.run)
             nursery.start_soon(serve_listeners, lp, listeners, cfg.max_job_size)
             nursery.start_soon(_signals, nursery.cancel_scope, lp)
-            if journal is not None:
-                nursery.start_soon(compactor.run, journal, cfg.data_dir, cfg.compact_interval)
+            if journal is not None and cfg.compact:
+                nursery.start_soon(compactor.run, journal, cfg.data_dir, cfg.compact_interval,
+                                   cfg.compact_segments)
                 if cfg.fsync == FSYNC_INTERVAL:
                     nursery.start_soon(journal.run_interval_sync)
     finally:

@@ -25,7 +25,7 @@ import trio
 from . import aof, snapshot
 from .aof import CorruptionError
 from .recovery import paths
-from .state import State
+from .state import State, StateError
 
 log = logging.getLogger("smallstalk.compactor")
 
@@ -47,7 +47,10 @@ def fold(data_dir: Path, segments: list[Path]) -> Path:
             if rec.seq != state.last_seq + 1:
                 raise CorruptionError(path, offset, state.last_seq,
                                       f"sequence gap: expected {state.last_seq + 1}")
-            state.apply(rec)
+            try:
+                state.apply(rec)
+            except StateError as e:
+                raise CorruptionError(path, offset, state.last_seq, f"record does not apply: {e}") from None
     return snapshot.write_state(snap_dir, state)
 
 
@@ -73,16 +76,23 @@ def remove_folded(data_dir: Path, snap: Path, keep: set[Path] = frozenset()) -> 
     return removed
 
 
-async def run(journal, data_dir: Path, interval: float, min_segments: int = 1,
+async def run(journal, data_dir: Path, interval: float, max_closed: int = 4,
               keep=None) -> None:
-    """The server's compactor task."""
+    """The server's compactor task.
+
+    Folds the closed segments every `interval` seconds, or as soon as
+    `max_closed` of them have piled up (heavy churn), whichever comes first.
+    """
+    last = trio.current_time()
     while True:
-        with trio.move_on_after(interval):
-            await journal.rotated.wait()
+        with trio.move_on_after(max(interval - (trio.current_time() - last), 0)):
+            while len(journal.closed_segments()) < max_closed:
+                await journal.rotated.wait()
         closed = journal.closed_segments()
-        if len(closed) < min_segments:
+        if not closed:
+            last = trio.current_time()
             continue
-        fixed = list(closed)
+        fixed = list(closed)  # exactly these are folded, whatever rotates meanwhile
         started = time.monotonic()
         try:
             result = await trio.run_process(
@@ -91,7 +101,9 @@ async def run(journal, data_dir: Path, interval: float, min_segments: int = 1,
                 capture_stdout=True, capture_stderr=True, check=False)
         except OSError:
             log.exception("could not start the compactor")
+            await trio.sleep(interval)
             continue
+        last = trio.current_time()
         if result.returncode != 0:
             log.error("compaction failed: %s", result.stderr.decode(errors="replace").strip())
             await trio.sleep(interval)
@@ -110,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         print(fold(Path(args[0]), [Path(a) for a in args[1:]]))
-    except CorruptionError as e:
+    except (CorruptionError, StateError) as e:
         print(f"compaction stopped: {e}", file=sys.stderr)
         return 1
     return 0

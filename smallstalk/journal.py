@@ -28,7 +28,7 @@ from pathlib import Path
 import trio
 
 from . import records
-from .aof import SegmentWriter, fsync_dir, list_segments
+from .aof import HEADER_SIZE, SegmentWriter, fsync_dir, list_segments, segment_name
 
 log = logging.getLogger("smallstalk.journal")
 
@@ -65,6 +65,10 @@ class Journal:
         self._open_segment()
 
     def _open_segment(self) -> None:
+        leftover = self.aof_dir / segment_name(self.next_seq)
+        if leftover.exists() and leftover.stat().st_size <= HEADER_SIZE:
+            # Opened just before a stop and never written to: no records in it.
+            leftover.unlink()
         self.segment = SegmentWriter(self.aof_dir, self.next_seq)
 
     # --- staging ---------------------------------------------------------------

@@ -20,7 +20,7 @@ import cbor2
 
 from . import aof
 from .aof import CorruptionError
-from .state import State
+from .state import State, StateError
 
 
 def write(directory: Path, last_seq: int, items: Iterable[list]) -> Path:
@@ -76,7 +76,10 @@ def read_items(path: Path) -> tuple[int, list[list]]:
 
 def load(path: Path) -> State:
     last_seq, items = read_items(path)
-    state = State.load(items)
+    try:
+        state = State.load(items)
+    except (StateError, TypeError, ValueError, KeyError, IndexError) as e:
+        raise CorruptionError(path, 0, last_seq, f"snapshot items do not load: {e!r}") from None
     if state.last_seq != last_seq:
         raise CorruptionError(path, 0, last_seq, f"header says seq {last_seq}, body {state.last_seq}")
     return state

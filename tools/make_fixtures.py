@@ -1,0 +1,723 @@
+"""Generate the golden on-disk fixtures of the current format: snapshots/v<FORMAT_VERSION>/.
+
+Runs a scripted session against real `smallstalk serve` processes (two runs on
+the same data directory, so the log holds two Restart records), stops each
+with SIGTERM, folds the closed segments with `python -m smallstalk.compactor`,
+and writes three data directories plus expected.json:
+
+- log-only/               the data directory exactly as the server left it;
+- snapshot-and-segments/  plus the compactor's snapshot, with every segment
+                          still there (a crash before the covered segments
+                          were deleted: recovery must skip seq <= snapshot seq);
+- compacted/              the covered segments deleted, as the server does.
+
+expected.json is written from what this script did (a small model of the
+session below), never by reading the files back through smallstalk; before
+writing anything the script checks the model against the live server
+(stats-job, stats-tube, list-tubes) and against the records in the segments.
+
+An existing snapshots/v<N>/ is never overwritten: fixtures of a released
+format are frozen. Usage: `make fixtures` or
+`.venv/bin/python tools/make_fixtures.py [--root DIR]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cbor2
+import greenstalk
+
+from smallstalk import records
+
+REPO = Path(__file__).resolve().parent.parent
+SEGMENT_RECORDS = 10
+LONG = 3600  # seconds: delays, TTRs and pauses that must not run out during the session
+
+# ----------------------------------------------------------------------------
+# The model: what the session did, in the terms of snapshots/README.md.
+# ----------------------------------------------------------------------------
+
+
+@dataclass
+class MJob:
+    id: int
+    tube: str
+    pri: int
+    delay: int
+    ttr: int
+    body: str
+    created: int  # seq of the Put
+    state: str = "ready"
+    deadline: tuple[int, int] | None = None  # (seq of the record, seconds after its time)
+    reserver: str | None = None
+    reserves: int = 0
+    timeouts: int = 0
+    releases: int = 0
+    buries: int = 0
+    kicks: int = 0
+
+
+@dataclass
+class MTube:
+    name: str
+    total_jobs: int = 0
+    cmd_delete: int = 0
+    cmd_pause: int = 0
+    pause: int = 0
+    unpause: tuple[int, int] | None = None
+    jobs: int = 0
+    using: int = 0
+    watching: int = 0
+    buried: list[int] = field(default_factory=list)  # FIFO
+
+
+@dataclass
+class MConn:
+    label: str
+    order: int  # connection order: conn ids ascend with it within a server run
+    use: str = "default"
+    watch: list[str] = field(default_factory=lambda: ["default"])
+    reserved: set[int] = field(default_factory=set)
+
+
+def swap_remove(items: list, item: Any) -> None:
+    i = items.index(item)
+    items[i] = items[-1]
+    items.pop()
+
+
+class Model:
+    """The durable state the log should rebuild, and the records it should hold."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        self.jobs: dict[int, MJob] = {}
+        self.tubes: dict[str, MTube] = {"default": MTube("default")}
+        self.tube_order: list[str] = ["default"]
+        self.conns: dict[str, MConn] = {}  # conns a logged record mentioned
+        self.order: dict[str, int] = {}  # label -> connection order
+        self.next_job_id = 1
+        self.total_jobs = 0
+        self.job_timeouts = 0
+        self.history: dict[int, dict[str, Any]] = {}  # seq -> expected state after it
+
+    # helpers -----------------------------------------------------------------
+
+    def _record(self, op: str, client: str | None = None, **fields: Any) -> int:
+        if self.records:  # the previous record is fully applied: remember that state
+            self.history[len(self.records)] = self.expected_state()
+        seq = len(self.records) + 1
+        rec: dict[str, Any] = {"seq": seq, "op": op}
+        if client is not None:
+            rec["client"] = client
+            if client not in self.conns:
+                self.conns[client] = MConn(client, self.order[client])
+                self.tubes["default"].using += 1
+                self.tubes["default"].watching += 1
+        rec.update(fields)
+        self.records.append(rec)
+        return seq
+
+    def view(self, label: str) -> MConn:
+        """A connection as the server sees it (unlogged ones use/watch default)."""
+        return self.conns.get(label) or MConn(label, self.order[label])
+
+    def _tube(self, name: str) -> MTube:
+        if name not in self.tubes:
+            self.tubes[name] = MTube(name)
+            self.tube_order.append(name)
+        return self.tubes[name]
+
+    def _maybe_drop(self, t: MTube) -> None:
+        if t.jobs or t.using or t.watching or t.name == "default":
+            return
+        del self.tubes[t.name]
+        swap_remove(self.tube_order, t.name)
+
+    def _leave(self, j: MJob) -> None:
+        if j.state == "buried":
+            self.tubes[j.tube].buried.remove(j.id)
+        elif j.state == "reserved":
+            assert j.reserver is not None
+            c = self.conns.get(j.reserver)
+            if c is not None:
+                c.reserved.discard(j.id)
+            j.reserver = None
+
+    def _enqueue(self, j: MJob, delay: int, seq: int) -> None:
+        if delay:
+            j.state, j.deadline = "delayed", (seq, delay)
+        else:
+            j.state = "ready"
+
+    # records -------------------------------------------------------------------
+
+    def restart(self) -> None:
+        self._record("restart")
+        for c in sorted(self.conns.values(), key=lambda c: c.order):
+            self._disconnect(c.label)
+
+    def put(self, client: str, tube: str, pri: int, delay: int, ttr: int, body: str) -> int:
+        jid = self.next_job_id
+        seq = self._record("put", client, id=jid, tube=tube, pri=pri, delay=delay, ttr=ttr,
+                           body=body)
+        t = self._tube(tube)
+        j = self.jobs[jid] = MJob(jid, tube, pri, delay, ttr, body, created=seq)
+        self.next_job_id += 1
+        self.total_jobs += 1
+        t.jobs += 1
+        t.total_jobs += 1
+        self._enqueue(j, delay, seq)
+        return jid
+
+    def reserve(self, client: str, jid: int) -> None:
+        seq = self._record("reserve", client, id=jid)
+        j = self.jobs[jid]
+        self._leave(j)
+        j.state, j.reserver, j.deadline = "reserved", client, (seq, j.ttr)
+        j.reserves += 1
+        self.conns[client].reserved.add(jid)
+
+    def delete(self, client: str, jid: int) -> None:
+        self._record("delete", client, id=jid)
+        j = self.jobs.pop(jid)
+        self._leave(j)
+        t = self.tubes[j.tube]
+        t.cmd_delete += 1
+        t.jobs -= 1
+        self._maybe_drop(t)
+
+    def release(self, client: str, jid: int, pri: int, delay: int) -> None:
+        seq = self._record("release", client, id=jid, pri=pri, delay=delay)
+        j = self.jobs[jid]
+        self._leave(j)
+        j.pri, j.delay = pri, delay
+        j.releases += 1
+        self._enqueue(j, delay, seq)
+
+    def bury(self, client: str, jid: int, pri: int) -> None:
+        self._record("bury", client, id=jid, pri=pri)
+        j = self.jobs[jid]
+        self._leave(j)
+        j.pri, j.state = pri, "buried"
+        j.buries += 1
+        self.tubes[j.tube].buried.append(jid)
+
+    def touch(self, client: str, jid: int) -> None:
+        seq = self._record("touch", client, id=jid)
+        j = self.jobs[jid]
+        j.deadline = (seq, j.ttr)
+
+    def kick(self, client: str, ids: list[int]) -> None:
+        self._record("kick", client, ids=ids)
+        for jid in ids:
+            j = self.jobs[jid]
+            self._leave(j)
+            j.kicks += 1
+            j.state = "ready"
+
+    def use(self, client: str, tube: str) -> None:
+        self._record("use", client, tube=tube)
+        c = self.conns[client]
+        self._tube(tube).using += 1
+        old = self.tubes[c.use]
+        old.using -= 1
+        c.use = tube
+        self._maybe_drop(old)
+
+    def watch(self, client: str, tube: str) -> None:
+        self._record("watch", client, tube=tube)
+        c = self.conns[client]
+        c.watch.append(tube)
+        self._tube(tube).watching += 1
+
+    def ignore(self, client: str, tube: str) -> None:
+        self._record("ignore", client, tube=tube)
+        c = self.conns[client]
+        swap_remove(c.watch, tube)
+        t = self.tubes[tube]
+        t.watching -= 1
+        self._maybe_drop(t)
+
+    def pause_tube(self, client: str, tube: str, delay: int) -> None:
+        seq = self._record("pause-tube", client, tube=tube, delay=delay)
+        t = self.tubes[tube]
+        t.pause, t.unpause = delay, (seq, delay)
+        t.cmd_pause += 1
+
+    def disconnect(self, client: str) -> None:
+        self._record("disconnect", client)
+        self._disconnect(client)
+
+    def _disconnect(self, client: str) -> None:
+        c = self.conns.pop(client)
+        for jid in sorted(c.reserved):
+            j = self.jobs[jid]
+            j.state, j.reserver = "ready", None
+        t = self.tubes[c.use]
+        t.using -= 1
+        self._maybe_drop(t)
+        for name in c.watch:
+            t = self.tubes[name]
+            t.watching -= 1
+            self._maybe_drop(t)
+
+    def promote(self, ids: list[int]) -> None:
+        self._record("promote", ids=ids)
+        for jid in ids:
+            self.jobs[jid].state = "ready"
+
+    def timeout(self, ids: list[int]) -> None:
+        self._record("timeout", ids=ids)
+        for jid in ids:
+            j = self.jobs[jid]
+            self._leave(j)
+            j.state = "ready"
+            j.timeouts += 1
+            self.job_timeouts += 1
+
+    # expected.json ---------------------------------------------------------------
+
+    def expected_state(self) -> dict[str, Any]:
+        def rel(t: tuple[int, int] | None) -> dict[str, int] | None:
+            return None if t is None else {"seq": t[0], "plus_seconds": t[1]}
+
+        last_seq = len(self.records)
+        return {
+            "last_seq": last_seq,
+            "time": {"seq": last_seq, "plus_seconds": 0},
+            "next_job_id": self.next_job_id,
+            "total_jobs": self.total_jobs,
+            "job_timeouts": self.job_timeouts,
+            "tubes": [
+                {"name": t.name, "total_jobs": t.total_jobs, "cmd_delete": t.cmd_delete,
+                 "cmd_pause": t.cmd_pause, "pause": t.pause, "unpause_at": rel(t.unpause)}
+                for t in (self.tubes[n] for n in self.tube_order)
+            ],
+            "buried": {n: list(self.tubes[n].buried) for n in self.tube_order
+                       if self.tubes[n].buried},
+            "conns": [
+                {"client": c.label, "use": c.use, "watch": list(c.watch),
+                 "reserved": sorted(c.reserved)}
+                for c in sorted(self.conns.values(), key=lambda c: c.order)
+            ],
+            "jobs": [
+                {"id": j.id, "tube": j.tube, "state": j.state, "pri": j.pri, "delay": j.delay,
+                 "ttr": j.ttr, "body": j.body, "reserves": j.reserves, "timeouts": j.timeouts,
+                 "releases": j.releases, "buries": j.buries, "kicks": j.kicks,
+                 "created": {"seq": j.created, "plus_seconds": 0},
+                 "deadline": rel(j.deadline) if j.state in ("delayed", "reserved") else None,
+                 "reserved_by": j.reserver}
+                for j in sorted(self.jobs.values(), key=lambda j: j.id)
+            ],
+        }
+
+
+# ----------------------------------------------------------------------------
+# Driving real servers.
+# ----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(what: str, pred: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"make_fixtures: timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class Server:
+    def __init__(self, data_dir: Path, log_path: Path):
+        self.port = free_port()
+        self.log_path = log_path
+        cmd = [sys.executable, "-m", "smallstalk", "serve", "-l", "127.0.0.1", "-p",
+               str(self.port), "--data-dir", str(data_dir),
+               "--segment-records", str(SEGMENT_RECORDS), "--compact-interval", "3600"]
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        wait_until("the server to listen", self._listening, 30.0)
+
+    def _listening(self) -> bool:
+        if self.proc.poll() is not None:
+            raise SystemExit(f"make_fixtures: server exited early:\n{self.log_path.read_text()}")
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise SystemExit("make_fixtures: server ignored SIGTERM") from None
+        if rc != 0:
+            raise SystemExit(f"make_fixtures: server exited {rc}:\n{self.log_path.read_text()}")
+
+
+class Client:
+    """A greenstalk client whose logged commands are mirrored into the model."""
+
+    def __init__(self, model: Model, server: Server, label: str):
+        self.m = model
+        self.label = label
+        model.order[label] = len(model.order)
+        self.gs = greenstalk.Client(("127.0.0.1", server.port))
+
+    def put(self, body: str, pri: int, delay: int = 0, ttr: int = LONG) -> int:
+        jid = self.gs.put(body, priority=pri, delay=delay, ttr=ttr)
+        expect = self.m.put(self.label, self.m.view(self.label).use, pri, delay, ttr, body)
+        assert jid == expect, (jid, expect)
+        return jid
+
+    def reserve(self, expect: int, timeout: int | None = None) -> None:
+        job = self.gs.reserve(timeout)
+        assert job.id == expect, (job.id, expect)
+        self.m.reserve(self.label, expect)
+
+    def reserve_job(self, jid: int) -> None:
+        assert self.gs.reserve_job(jid).id == jid
+        self.m.reserve(self.label, jid)
+
+    def reserve_times_out(self, timeout: int) -> None:
+        """A reserve that waits and times out: volatile records only, nothing logged."""
+        try:
+            self.gs.reserve(timeout)
+        except greenstalk.TimedOutError:
+            return
+        raise AssertionError("reserve-with-timeout should have timed out")
+
+    def release(self, jid: int, pri: int, delay: int = 0) -> None:
+        self.gs.release(greenstalk.Job(jid, ""), priority=pri, delay=delay)
+        self.m.release(self.label, jid, pri, delay)
+
+    def bury(self, jid: int, pri: int) -> None:
+        self.gs.bury(greenstalk.Job(jid, ""), priority=pri)
+        self.m.bury(self.label, jid, pri)
+
+    def touch(self, jid: int) -> None:
+        self.gs.touch(greenstalk.Job(jid, ""))
+        self.m.touch(self.label, jid)
+
+    def delete(self, jid: int) -> None:
+        self.gs.delete(jid)
+        self.m.delete(self.label, jid)
+
+    def kick(self, bound: int, expect: list[int]) -> None:
+        assert self.gs.kick(bound) == len(expect)
+        self.m.kick(self.label, expect)
+
+    def kick_job(self, jid: int) -> None:
+        self.gs.kick_job(jid)
+        self.m.kick(self.label, [jid])
+
+    def use(self, tube: str) -> None:
+        self.gs.use(tube)
+        if self.m.view(self.label).use != tube:
+            self.m.use(self.label, tube)
+
+    def watch(self, tube: str) -> None:
+        self.gs.watch(tube)
+        if tube not in self.m.view(self.label).watch:
+            self.m.watch(self.label, tube)
+
+    def ignore(self, tube: str) -> None:
+        self.gs.ignore(tube)
+        watched = self.m.view(self.label).watch
+        if tube in watched and len(watched) > 1:
+            self.m.ignore(self.label, tube)
+
+    def pause_tube(self, tube: str, delay: int) -> None:
+        self.gs.pause_tube(tube, delay)
+        self.m.pause_tube(self.label, tube, delay)
+
+    def close(self) -> None:
+        self.gs.close()
+
+
+def job_state(server: Server, jid: int) -> str:
+    with greenstalk.Client(("127.0.0.1", server.port)) as c:
+        return str(c.stats_job(jid)["state"])
+
+
+def session(data_dir: Path, work: Path) -> Model:
+    """The scripted session. Every logged command is mirrored in the model."""
+    m = Model()
+    log = work / "server.log"
+
+    # --- run 1 ---------------------------------------------------------------------
+    srv = Server(data_dir, log)
+    m.restart()
+    p1 = Client(m, srv, "P1")
+    p1.use("emails")
+    p1.put("email-1", pri=100)  # 1
+    p1.put("email-2", pri=10, delay=LONG)  # 2: delayed, kicked by kick-job later
+    p1.put("email-3", pri=5000)  # 3
+    p1.put("email-4", pri=200)  # 4
+    p1.use("default")
+    p1.put("default-1 \x00\r\n\u00e9", pri=0, ttr=1)  # 5: urgent, binary-ish body, TTR 1 s
+    p1.put("default-2", pri=1, delay=1)  # 6: promoted after 1 s
+    wait_until("job 6 to be promoted", lambda: job_state(srv, 6) == "ready")
+    m.promote([6])
+
+    w1 = Client(m, srv, "W1")
+    w1.watch("emails")
+    w1.ignore("default")
+    w1.reserve(expect=1)  # emails: 1 (pri 100) before 4 (200) and 3 (5000)
+    w1.release(1, pri=2000)  # back to ready with a new priority
+    w1.reserve(expect=4)
+    w1.bury(4, pri=300)
+    w1.reserve(expect=1)
+    w1.bury(1, pri=400)  # buried FIFO of emails: [4, 1]
+    w1.reserve(expect=3)
+    w1.touch(3)
+    w1.delete(3)
+
+    x1 = Client(m, srv, "X1")
+    x1.reserve(expect=5)  # default: 5 (pri 0) before 6 (pri 1); TTR 1 s
+    wait_until("job 5's TTR to run out", lambda: job_state(srv, 5) == "ready")
+    m.timeout([5])
+    x1.reserve(expect=5)
+    x1.use("scratch")
+    x1.put("scratch-1", pri=50)  # 7
+    p1.use("other")
+    p1.put("other-1", pri=7, delay=LONG)  # 8: stays delayed
+    p1.put("other-2", pri=8, delay=LONG // 2)  # 9: kicked by `kick 1` (soonest delayed)
+    x1.delete(7)
+    x1.close()  # Disconnect: job 5 back to ready; "scratch" dropped (swap-removal)
+    wait_until("X1's disconnect", lambda: job_state(srv, 5) == "ready")
+    m.disconnect("X1")
+
+    p1.kick(1, expect=[9])  # only delayed jobs in "other": the soonest one
+    p1.kick_job(2)  # a delayed job in another tube
+    p1.use("emails")
+    p1.pause_tube("emails", LONG)  # still paused at the end
+    w1.watch("default")
+    w1.reserve(expect=5)  # held at shutdown: the next Restart record releases it
+    srv.stop()
+    for c in (p1, w1):
+        c.close()
+
+    # --- run 2 ---------------------------------------------------------------------
+    srv = Server(data_dir, log)
+    m.restart()
+    p2 = Client(m, srv, "P2")
+    p2.use("emails")
+    p2.put("email-5", pri=1024)  # 10: not urgent (urgent is pri < 1024)
+    p2.put("email-6", pri=3)  # 11
+    w2 = Client(m, srv, "W2")
+    w2.watch("emails")
+    w2.ignore("default")
+    w2.reserve_job(11)  # reserve-job ignores the pause; held at shutdown
+    v2 = Client(m, srv, "V2")
+    v2.watch("idle")  # a tube kept alive only by a watcher
+    v2.ignore("default")
+    v2.reserve_times_out(1)
+    p2.delete(2)
+    p2.put("email-7", pri=100)  # 12
+    check_live(srv, m)
+    for c in (p2, w2, v2):  # list-tube-used / list-tubes-watched are not logged
+        view = m.view(c.label)
+        assert (c.gs.using(), c.gs.watching()) == (view.use, view.watch), c.label
+    srv.stop()
+    for c in (p2, w2, v2):
+        c.close()
+    return m
+
+
+def check_live(srv: Server, m: Model) -> None:
+    """The model agrees with the running server before it is stopped."""
+    with greenstalk.Client(("127.0.0.1", srv.port)) as c:
+        assert c.tubes() == m.tube_order, (c.tubes(), m.tube_order)
+        for j in m.jobs.values():
+            st = c.stats_job(j.id)
+            got = {k: st[k] for k in ("tube", "state", "pri", "delay", "ttr", "reserves",
+                                      "timeouts", "releases", "buries", "kicks")}
+            want = {"tube": j.tube, "state": j.state, "pri": j.pri, "delay": j.delay,
+                    "ttr": j.ttr, "reserves": j.reserves, "timeouts": j.timeouts,
+                    "releases": j.releases, "buries": j.buries, "kicks": j.kicks}
+            assert got == want, (j.id, got, want)
+        for name in m.tube_order:
+            st = c.stats_tube(name)
+            t = m.tubes[name]
+            assert (st["total-jobs"], st["cmd-delete"], st["cmd-pause-tube"]) == (
+                t.total_jobs, t.cmd_delete, t.cmd_pause), (name, st)
+            assert st["current-jobs-buried"] == len(t.buried), (name, st)
+        assert c.stats()["job-timeouts"] == m.job_timeouts
+
+
+# ----------------------------------------------------------------------------
+# Files.
+# ----------------------------------------------------------------------------
+
+HEADER = struct.Struct("<8sIQI")
+FRAME = struct.Struct("<II")
+
+
+def read_segment(path: Path) -> tuple[int, list[list[Any]]]:
+    """(first seq from the header, decoded CBOR arrays): a reader apart from aof.py."""
+    data = path.read_bytes()
+    magic, version, first, crc = HEADER.unpack_from(data)
+    assert magic == b"SSTKAOF\x00" and crc == zlib.crc32(data[:20]), path
+    assert version == records.FORMAT_VERSION, path
+    out = []
+    pos = HEADER.size
+    while pos < len(data):
+        length, crc = FRAME.unpack_from(data, pos)
+        payload = data[pos + FRAME.size:pos + FRAME.size + length]
+        assert len(payload) == length and zlib.crc32(payload) == crc, (path, pos)
+        out.append(cbor2.loads(payload))
+        pos += FRAME.size + length
+    return first, out
+
+
+def check_log(aof_dir: Path, m: Model) -> list[tuple[Path, int, int]]:
+    """The segments hold exactly the model's records; return (path, first, last) each."""
+    segs = sorted(aof_dir.glob("*.aof"))
+    seen: list[list[Any]] = []
+    spans = []
+    for path in segs:
+        first, items = read_segment(path)
+        assert path.name == f"{first:020d}.aof", path
+        if items:
+            assert items[0][1] == first, (path, items[0][1], first)
+        seen += items
+        spans.append((path, first, items[-1][1] if items else first - 1))
+    assert len(seen) == len(m.records), (len(seen), len(m.records))
+    conn_of: dict[str, int] = {}
+    last_time = 0
+    for raw, want in zip(seen, m.records, strict=True):
+        rec = records.as_dict(records.from_list(raw))
+        assert rec.pop("seq") == want["seq"]
+        t = rec.pop("time")
+        assert t >= last_time, "wall clock went backwards during the session; run again"
+        last_time = t
+        if "client" in want:
+            conn = rec.pop("conn")
+            assert conn_of.setdefault(want["client"], conn) == conn, want
+        got = {k: (list(v) if isinstance(v, tuple) else v) for k, v in rec.items()}
+        exp = {k: v for k, v in want.items() if k not in ("seq", "client")}
+        if "body" in exp:
+            exp["body"] = exp["body"].encode()
+        assert got == exp, (got, exp)
+    return spans
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def listing(data_dir: Path) -> dict[str, Any]:
+    snaps = sorted(p.name for p in (data_dir / "snapshots").glob("*"))
+    return {
+        "snapshot": snaps[-1] if snaps else None,
+        "segments": sorted(p.name for p in (data_dir / "aof").glob("*")),
+    }
+
+
+def build(out: Path, work: Path) -> None:
+    data = work / "data"
+    data.mkdir()
+    # The server folds closed segments as soon as one closes and deletes them. A
+    # plain file where snapshots/ would be makes its compactor child fail (and,
+    # with --compact-interval 3600, not retry), so every segment stays.
+    blocker = data / "snapshots"
+    blocker.write_text("fixture generation: keeps the server's compactor from running\n")
+    m = session(data, work)
+    blocker.unlink()
+
+    out.mkdir(parents=True)
+    log_only = out / "log-only"
+    shutil.copytree(data, log_only)
+    spans = check_log(log_only / "aof", m)
+    assert len(spans) >= 3, "expected several segments"
+    assert spans[-1][2] >= spans[-1][1], "the last segment should hold records"
+
+    both = out / "snapshot-and-segments"
+    shutil.copytree(log_only, both)
+    closed = [path.name for path, _first, _last in spans[:-1]]
+    res = subprocess.run(
+        [sys.executable, "-m", "smallstalk.compactor", str(both),
+         *(str(both / "aof" / name) for name in closed)],
+        cwd=REPO, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise SystemExit(f"make_fixtures: compactor failed:\n{res.stderr}")
+    snap = Path(res.stdout.strip())
+    snap_seq = spans[-2][2]
+    assert snap == both / "snapshots" / f"{snap_seq:020d}.snap", (snap, snap_seq)
+
+    compacted = out / "compacted"
+    shutil.copytree(both, compacted)
+    firsts = [first for _path, first, _last in spans]
+    for (path, _first, _last), nxt in zip(spans, firsts[1:], strict=False):
+        if nxt <= snap_seq + 1:  # wholly covered by the snapshot
+            (compacted / "aof" / path.name).unlink()
+
+    dirs = {d.name: listing(d) for d in (log_only, both, compacted)}
+    files = {str(p.relative_to(out)): sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}
+    expected = {
+        "format_version": records.FORMAT_VERSION,
+        "generated_by": "tools/make_fixtures.py",
+        "segment_records": SEGMENT_RECORDS,
+        "notes": "`state`: what every data directory recovers to; `snapshot_state`: what "
+                 "the snapshot holds. Times are relative: {seq, plus_seconds} means the `time` "
+                 "of the record with that seq plus that many seconds, in ns. Bodies are the "
+                 "UTF-8 encoding of `body`. `client` labels a connection; its conn id is "
+                 "whatever the server gave it. `files`: SHA-256 of every fixture file.",
+        "data_dirs": dirs,
+        "files": files,
+        "state": m.expected_state(),
+        "snapshot_state": m.history[snap_seq],
+        "records": m.records,
+    }
+    (out / "expected.json").write_text(json.dumps(expected, indent=1, ensure_ascii=True) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, default=REPO / "snapshots",
+                    help="where version directories live (default: snapshots/)")
+    args = ap.parse_args(argv)
+    dest = args.root / f"v{records.FORMAT_VERSION}"
+    if dest.exists():
+        print(f"make_fixtures: {dest} exists; fixtures of a format version are never "
+              "regenerated (bump FORMAT_VERSION for a new format)", file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory(prefix="smallstalk-fixtures-") as tmp:
+        work = Path(tmp)
+        build(work / "out", work)
+        args.root.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(work / "out"), dest)
+    print(f"wrote {dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.umask(0o022)
+    sys.exit(main())
