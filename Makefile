@@ -3,10 +3,16 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+FULL := $(VENV)/.installed-analytics
 DATA ?= data
 PORT ?= 11300
 
-.PHONY: run test lint bench fixtures clean
+.PHONY: run test lint bench fixtures clean system-packages
+
+# Debian packages the tests use: the real beanstalkd to compare with, Java for Spark.
+system-packages:
+	@if ! command -v beanstalkd >/dev/null || ! command -v java >/dev/null; then \
+	  apt-get update -qq && apt-get install -y -qq beanstalkd openjdk-17-jre-headless; fi
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -14,11 +20,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# PySpark is big and only the pipeline needs it: `make run` does without.
+$(FULL): $(STAMP)
+	$(BIN)/pip install -q -e '.[test,analytics]'
+	touch $(FULL)
+
 run: $(STAMP)
 	$(BIN)/smallstalk serve -l 127.0.0.1 -p $(PORT) --data-dir $(DATA)
 
-test: $(STAMP)
-	@command -v beanstalkd >/dev/null || (apt-get update -qq && apt-get install -y -qq beanstalkd) || echo "beanstalkd not installed: comparison tests will fail"
+test: $(FULL) system-packages
 	$(BIN)/ruff check smallstalk tests
 	$(BIN)/pytest -q
 

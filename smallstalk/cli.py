@@ -64,10 +64,25 @@ Usage: smallstalk COMMAND [ARGS]
 Commands:
   serve         run the server (see `smallstalk serve -h`); beanstalkd's
                 flags without a command also serve
+  aof           inspect a data directory: aof ls | dump | verify
+  replay        rebuild the state as it was at a sequence number or time
+  job-history   the whole life of one job as a timeline
+  analyze       job analytics over AOF archives on Spark (smallstalk[analytics])
+  worker        run tasks from tubes (smallstalk.worker)
   help          this text
 
-`python -m smallstalk` is the same command.
+`smallstalk COMMAND -h` explains a command; `python -m smallstalk` is the same.
 """
+
+# Commands that live in their own modules: "module:function", imported on use
+# so the server never loads the tools (or PySpark) it does not need.
+TOOL_COMMANDS = {
+    "aof": "smallstalk.tools:main_aof",
+    "replay": "smallstalk.tools:main_replay",
+    "job-history": "smallstalk.tools:main_job_history",
+    "analyze": "smallstalk.analytics:main",
+    "worker": "smallstalk.worker:main",
+}
 
 
 class UsageError(Exception):
@@ -294,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
         if command in ("help", "--help", "-h"):
             print(MAIN_HELP)
             return 0
+        if command in TOOL_COMMANDS:
+            import importlib
+
+            module, func = TOOL_COMMANDS[command].split(":")
+            return getattr(importlib.import_module(module), func)(rest)
         raise UsageError(f"unknown command: {command}")
     except UsageError as e:
         print(f"smallstalk: {e}\n", file=sys.stderr)
