@@ -40,3 +40,4 @@ clean:
 
 fixtures: $(STAMP)
 	$(BIN)/python tools/make_fixtures.py
+	$(BIN)/python tools/worked_example.py

@@ -31,9 +31,10 @@ def put(lp: MutationLoop, s: Session, cmd: p.Put):
     lp.count("cmd-put")
     s.producer = True
     if lp.draining:
+        lp.burn_job_id()  # as in beanstalkd, the job was made before the check
         return p.DRAINING
+    job_id = lp.take_job_id()
     st = lp.state
-    job_id = st.next_job_id
     lp.log(r.Put, s.id, job_id, st.use_of(s.id), cmd.pri, cmd.delay, cmd.ttr, cmd.body)
     return p.inserted(job_id)
 
@@ -211,8 +212,7 @@ def pause_tube(lp: MutationLoop, s: Session, cmd: p.PauseTube):
     lp.count("cmd-pause-tube")
     if cmd.tube not in lp.state.tubes:
         return p.NOT_FOUND
-    # Always pause for a positive time, so waiting clients wake when it ends.
-    lp.log(r.PauseTube, s.id, cmd.tube, max(cmd.delay, 1))
+    lp.log(r.PauseTube, s.id, cmd.tube, cmd.delay)
     return p.PAUSED
 
 
@@ -223,6 +223,12 @@ def quit_(lp: MutationLoop, s: Session, cmd: p.Quit):
 def error(lp: MutationLoop, s: Session, ev: p.ErrorReply):
     if ev.counted_as is p.Put:
         lp.count("cmd-put")
+        if ev.reply is p.EXPECTED_CRLF:
+            # beanstalkd made the job (taking an id) before it saw the bad trailer.
+            s.producer = True
+            lp.burn_job_id()
+    elif ev.counted_as is p.PauseTube:
+        lp.count("cmd-pause-tube")
     return ev.reply
 
 
@@ -278,7 +284,8 @@ def server_stats(lp: MutationLoop) -> list[tuple[str, object]]:
         ("binlog-records-migrated", info["migrated"]),
         ("binlog-records-written", info["written"]), ("binlog-max-size", info["max_size"]),
         ("draining", lp.draining), ("id", lp.instance_id.encode()),
-        ("hostname", uname.nodename), ("os", uname.version), ("platform", uname.machine),
+        ("hostname", uname.nodename.encode()), ("os", uname.version.encode()),
+        ("platform", uname.machine.encode()),
     ]
     return out
 

@@ -104,6 +104,7 @@ class MutationLoop:
         self.records_migrated = 0
         self._next_conn = state.next_conn_id
         self._seq = state.last_seq  # used when there is no journal
+        self._id_floor = 0  # ids below this were given out (or burned) already
         self._send, self._inbox = trio.open_memory_channel(math.inf)
         self._touched: dict[int, Session] = {}
         self._failed_until = 0.0
@@ -131,6 +132,15 @@ class MutationLoop:
 
     # --- what handlers call -----------------------------------------------------
 
+    def take_job_id(self) -> int:
+        job_id = max(self.state.next_job_id, self._id_floor)
+        self._id_floor = job_id + 1
+        return job_id
+
+    def burn_job_id(self) -> None:
+        """Skip an id, as beanstalkd does for a put it refuses after making the job."""
+        self.take_job_id()
+
     def count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
 
@@ -154,8 +164,9 @@ class MutationLoop:
 
     def storage_info(self) -> dict:
         j = self.journal
-        if j is None:
-            return {"oldest": 0, "current": 0, "migrated": 0, "written": 0, "max_size": 0}
+        if j is None:  # beanstalkd shows its default file size even without -b
+            return {"oldest": 0, "current": 0, "migrated": 0, "written": 0,
+                    "max_size": 10 << 20}
         closed = j.closed_segments()
         oldest = int(closed[0].stem) if closed else j.segment.first_seq
         return {

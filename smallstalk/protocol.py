@@ -9,8 +9,9 @@ Rules kept here, taken from beanstalkd 1.12 (prot.c) and checked against the
 real server:
 
 - A command line ends with CRLF and is at most 224 bytes including it. A longer
-  line is discarded up to its CRLF and answered BAD_FORMAT; the connection then
-  goes on.
+  line is discarded in 224-byte windows up to its CRLF and answered BAD_FORMAT;
+  the connection then goes on. Like beanstalkd, only the first CR of a window
+  counts: a CR not followed by LF hides any line end after it in that window.
 - Command names match by prefix in beanstalkd's order ("quitx" quits,
   "statsx" is BAD_FORMAT, "put" without a space is UNKNOWN_COMMAND).
 - Integers are unsigned decimal; leading spaces are skipped; a value past
@@ -287,6 +288,13 @@ class _Bad(Exception):
     pass
 
 
+class _BadCounted(_Bad):
+    """BAD_FORMAT, but beanstalkd has already counted the command."""
+
+    def __init__(self, counted_as: type):
+        self.counted_as = counted_as
+
+
 def _read_uint(line: bytes, pos: int, limit: int, to_end: bool) -> tuple[int, int]:
     """beanstalkd's read_u32/read_u64: skip spaces, digits, bounded value."""
     n = len(line)
@@ -333,9 +341,24 @@ def _p_peek(rest: bytes) -> Command:
 
 
 def _p_reserve_timeout(rest: bytes) -> Command:
-    value, _ = _read_uint(rest, 0, U32_MAX, False)
-    if value > 2**31 - 1:
-        raise _Bad
+    """beanstalkd 1.12 reads the timeout with strtol and keeps it in an int.
+
+    So junk reads as 0, values wrap to 32 bits, and a negative result means
+    no timeout at all; only a value past the range of a long is BAD_FORMAT.
+    """
+    s = rest.lstrip(b" \t\n\v\f\r")
+    neg = s[:1] == b"-"
+    if s[:1] in (b"+", b"-"):
+        s = s[1:]
+    digits = len(s) - len(s.lstrip(b"0123456789"))
+    value = int(s[:digits]) if digits else 0
+    if neg:
+        value = -value
+    if not -(2**63) <= value <= 2**63 - 1:
+        raise _Bad  # ERANGE
+    value &= 0xFFFFFFFF
+    if value >= 2**31:
+        return RESERVE  # negative as an int: wait without a timeout
     return Reserve(value)
 
 
@@ -386,7 +409,10 @@ def _p_pause_tube(rest: bytes) -> Command:
     if pos == start:
         raise _Bad
     delay, _ = _read_uint(rest, pos, U32_MAX, True)
-    return PauseTube(_tube(rest[start:pos]), delay)
+    name = rest[start:pos]
+    if not valid_tube_name(name):
+        raise _BadCounted(PauseTube)
+    return PauseTube(name.decode("ascii"), delay)
 
 
 # (prefix, parser or constant), in beanstalkd's matching order. Entries whose
@@ -454,6 +480,8 @@ def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHea
             return QUIT
         if line.startswith(b"pause-tube"):
             return _p_pause_tube(line[len(b"pause-tube"):])
+    except _BadCounted as e:
+        return ErrorReply(BAD_FORMAT, e.counted_as)
     except _Bad:
         return ErrorReply(BAD_FORMAT)
     return ErrorReply(UNKNOWN_COMMAND)
@@ -481,6 +509,21 @@ class Parser:
         """Bytes held that do not yet form a complete event."""
         return len(self._buf)
 
+    @staticmethod
+    def _line_end(buf: bytearray, pos: int, n: int) -> int | None:
+        """Where the line at `pos` ends (index of its CRLF), as beanstalkd finds it.
+
+        beanstalkd reads a line into a 224-byte buffer and looks only at the
+        first CR in it, not counting the buffer's last byte: a first CR not
+        followed by LF means no line in this window. Returns None to wait for
+        more input, or -1 when a full window holds no line (it is discarded).
+        """
+        w = min(n - pos, LINE_MAX)
+        cr = buf.find(b"\r", pos, pos + w - 1)
+        if cr >= 0 and buf[cr + 1] == 0x0A:
+            return cr
+        return -1 if w == LINE_MAX else None
+
     def feed(self, data: bytes) -> None:
         if self._mode == _SKIP and not self._buf:
             # Throw away an oversized body without ever holding it.
@@ -496,13 +539,19 @@ class Parser:
         n = len(buf)
         while True:
             mode = self._mode
-            if mode == _LINE:
-                end = buf.find(b"\r\n", pos, pos + LINE_MAX)
-                if end < 0:
-                    if n - pos >= LINE_MAX:
-                        self._mode = _DISCARD  # over-long: drop it up to its CRLF
-                        continue
-                    break
+            if mode == _LINE or mode == _DISCARD:
+                end = self._line_end(buf, pos, n)
+                if end is None:
+                    break  # wait for more bytes
+                if end < 0:  # a full window and no line: drop it, keep dropping
+                    pos += LINE_MAX
+                    self._mode = _DISCARD
+                    continue
+                if mode == _DISCARD:
+                    pos = end + 2
+                    self._mode = _LINE
+                    out.append(ErrorReply(BAD_FORMAT))
+                    continue
                 line = bytes(buf[pos:end])
                 pos = end + 2
                 ev = parse_line(line, self.max_job_size)
@@ -530,7 +579,7 @@ class Parser:
                 self._mode = _LINE
                 self._put = None
                 if trailer != b"\r\n":
-                    out.append(ErrorReply(EXPECTED_CRLF))
+                    out.append(ErrorReply(EXPECTED_CRLF, Put))
                 else:
                     out.append(Put(put.pri, put.delay, put.ttr, body))
             elif mode == _SKIP:
@@ -541,15 +590,6 @@ class Parser:
                     break
                 self._mode = _LINE
                 out.append(ErrorReply(JOB_TOO_BIG, Put))
-            else:  # _DISCARD
-                end = buf.find(b"\r\n", pos)
-                if end < 0:
-                    # Keep a trailing CR: it may be the start of the CRLF.
-                    pos = n - 1 if n > pos and buf[n - 1] == 0x0D else n
-                    break
-                pos = end + 2
-                self._mode = _LINE
-                out.append(ErrorReply(BAD_FORMAT))
         if pos:
             del buf[:pos]
         return out

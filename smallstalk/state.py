@@ -72,7 +72,7 @@ class Tube:
         self.buried: dict[int, Job] = {}  # FIFO
         self.ready_n = self.urgent_n = self.reserved_n = self.delayed_n = self.jobs_n = 0
         self.total_jobs = self.cmd_delete = self.cmd_pause = 0
-        self.pause = 0  # seconds of the last pause-tube
+        self.pause = 0  # ns of the last pause-tube
         self.unpause_at = 0  # ns
         self.using_n = self.watching_n = 0
         self.waiting: list[int] = []  # conn ids, oldest first (volatile)
@@ -352,8 +352,9 @@ class State:
         t = self.tubes.get(rec.tube)
         if t is None:
             raise StateError(f"tube {rec.tube!r} does not exist")
-        t.pause = rec.delay
-        t.unpause_at = rec.time + rec.delay * NS
+        # beanstalkd pauses for at least 1 ns, so that a waiting reserve wakes up.
+        t.pause = rec.delay * NS or 1
+        t.unpause_at = rec.time + t.pause
         t.cmd_pause += 1
 
     def _disconnect(self, rec: r.Disconnect) -> None:
@@ -602,7 +603,7 @@ class State:
     def job_stats(self, j: Job, now: int) -> list[tuple[str, object]]:
         time_left = _secs(j.deadline - now) if j.state in (RESERVED, DELAYED) else 0
         return [
-            ("id", j.id), ("tube", j.tube.name), ("state", STATE_NAMES[j.state]),
+            ("id", j.id), ("tube", j.tube.name.encode()), ("state", STATE_NAMES[j.state]),
             ("pri", j.pri), ("age", _secs(now - j.created)), ("delay", j.delay),
             ("ttr", j.ttr), ("time-left", time_left), ("file", 0), ("reserves", j.reserves),
             ("timeouts", j.timeouts), ("releases", j.releases), ("buries", j.buries),
@@ -612,13 +613,13 @@ class State:
     def tube_stats(self, t: Tube, now: int) -> list[tuple[str, object]]:
         paused = t.paused(now)
         return [
-            ("name", t.name), ("current-jobs-urgent", t.urgent_n),
+            ("name", t.name.encode()), ("current-jobs-urgent", t.urgent_n),
             ("current-jobs-ready", t.ready_n), ("current-jobs-reserved", t.reserved_n),
             ("current-jobs-delayed", t.delayed_n), ("current-jobs-buried", len(t.buried)),
             ("total-jobs", t.total_jobs), ("current-using", t.using_n),
             ("current-watching", t.watching_n), ("current-waiting", len(t.waiting)),
             ("cmd-delete", t.cmd_delete), ("cmd-pause-tube", t.cmd_pause),
-            ("pause", t.pause if paused else 0),
+            ("pause", t.pause // NS if paused else 0),
             ("pause-time-left", _secs(t.unpause_at - now) if paused else 0),
         ]
 

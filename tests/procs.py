@@ -40,6 +40,30 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> N
     raise RuntimeError(f"server did not listen on {port} within {timeout}s")
 
 
+def listening(port: int) -> bool:
+    """Is a socket in LISTEN state on 127.0.0.1:port? (No connection made.)"""
+    want = f"0100007F:{port:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == want and fields[3] == "0A":
+            return True
+    return False
+
+
+def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Wait for the listener without connecting: a probe connection would
+    still be closing when the test's first command arrives, and would count
+    in `stats` (current-connections, total-connections)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if listening(port):
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before listening")
+        time.sleep(0.02)
+    raise RuntimeError(f"server did not listen on {port} within {timeout}s")
+
+
 @attrs.define
 class Server:
     proc: subprocess.Popen
@@ -86,7 +110,7 @@ def start_smallstalk(
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     server = Server(proc, port, data_dir, log_path)
     try:
-        wait_for_port(port, proc)
+        wait_listening(port, proc)
     except RuntimeError as e:
         server.kill()
         raise RuntimeError(f"{e}\n{server.log()}") from None
@@ -108,5 +132,5 @@ def start_beanstalkd(tmp: Path, *args: str, port: int | None = None) -> Server:
         [path, "-l", "127.0.0.1", "-p", str(port), *args], stdout=log, stderr=subprocess.STDOUT
     )
     server = Server(proc, port, None, log_path)
-    wait_for_port(port, proc)
+    wait_listening(port, proc)
     return server

@@ -29,9 +29,9 @@ CASES = [
     (b"put 4294967296 0 1 1\r\nx\r\n", [p.ErrorReply(p.BAD_FORMAT), p.ErrorReply(p.UNKNOWN_COMMAND)]),
     (b"put 1 0 1 3\r\na\r\n\r\n", [p.Put(1, 0, 1, b"a\r\n")]),
     (b"put 1 0 1 3\r\na\x00b\r\n", [p.Put(1, 0, 1, b"a\x00b")]),
-    (b"put 1 0 1 2\r\nabc\r\n", [p.ErrorReply(p.EXPECTED_CRLF)]),  # "\n" waits for more
+    (b"put 1 0 1 2\r\nabc\r\n", [p.ErrorReply(p.EXPECTED_CRLF, p.Put)]),  # "\n" waits for more
     (b"put 1 0 1 2\r\nabcd\r\nstats\r\n",
-     [p.ErrorReply(p.EXPECTED_CRLF), p.ErrorReply(p.UNKNOWN_COMMAND), p.STATS]),
+     [p.ErrorReply(p.EXPECTED_CRLF, p.Put), p.ErrorReply(p.UNKNOWN_COMMAND), p.STATS]),
     (b"put 1 0 1 2 \r\nab\r\n", [p.ErrorReply(p.BAD_FORMAT, p.Put), p.ErrorReply(p.UNKNOWN_COMMAND)]),
     (b"put 1 0 1\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
     (b"put -1 0 1 1\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
@@ -40,7 +40,16 @@ CASES = [
     (b"reservex\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
     (b"reserve-with-timeout 5\r\n", [p.Reserve(5)]),
     (b"reserve-with-timeout 5x\r\n", [p.Reserve(5)]),  # beanstalkd ignores the tail
-    (b"reserve-with-timeout 2147483648\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
+    # beanstalkd 1.12 reads the timeout with strtol into an int:
+    (b"reserve-with-timeout 2147483648\r\n", [p.RESERVE]),  # negative: no timeout
+    (b"reserve-with-timeout 4294967297\r\n", [p.Reserve(1)]),
+    (b"reserve-with-timeout abc\r\n", [p.Reserve(0)]),
+    (b"reserve-with-timeout -1\r\n", [p.RESERVE]),
+    (b"reserve-with-timeout 99999999999999999999\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
+    (b"pause-tube -bad 1\r\n", [p.ErrorReply(p.BAD_FORMAT, p.PauseTube)]),
+    # Only the first CR of beanstalkd's 224-byte window counts.
+    (b"use a\rb\r\n" + b"use pad\r\n" * 30,
+     [p.ErrorReply(p.BAD_FORMAT)] + [p.Use("pad")] * 5),
     (b"reserve-job 7\r\n", [p.ReserveJob(7)]),
     (b"delete 18446744073709551615\r\n", [p.Delete(2**64 - 1)]),
     (b"delete 18446744073709551616\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
@@ -93,9 +102,13 @@ def test_line_limit_is_224_bytes_including_crlf() -> None:
     ok = b"use " + b"a" * 200 + b"x" * 18  # 222 bytes + CRLF = 224
     assert len(ok) + 2 == p.LINE_MAX
     assert parse_all(ok + b"\r\n") == [p.ErrorReply(p.BAD_FORMAT)]  # name > 200: BAD_FORMAT
-    too_long = b"x" * 223 + b"\r\nstats\r\n"  # 225 with CRLF
+    too_long = b"x" * 224 + b"\r\nstats\r\n"  # 226 with CRLF
     for chunk in (None, 1, 7, 100):
         assert parse_all(too_long, chunk) == [p.ErrorReply(p.BAD_FORMAT), p.STATS]
+    # A CR as the 224th byte falls outside the window: the next line is swallowed.
+    swallowed = b"x" * 223 + b"\r\nuse s1\r\nuse s2\r\n"
+    for chunk in (None, 1, 7, 100):
+        assert parse_all(swallowed, chunk) == [p.ErrorReply(p.BAD_FORMAT), p.Use("s2")]
 
 
 def test_over_long_line_is_not_buffered() -> None:
@@ -103,7 +116,7 @@ def test_over_long_line_is_not_buffered() -> None:
     for _ in range(1000):
         parser.feed(b"y" * 1000)
         assert parser.events() == []
-        assert parser.buffered() <= 1
+        assert parser.buffered() < p.LINE_MAX
     parser.feed(b"\r\nstats\r\n")
     assert parser.events() == [p.ErrorReply(p.BAD_FORMAT), p.STATS]
 

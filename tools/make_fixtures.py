@@ -259,7 +259,7 @@ class Model:
     def pause_tube(self, client: str, tube: str, delay: int) -> None:
         seq = self._record("pause-tube", client, tube=tube, delay=delay)
         t = self.tubes[tube]
-        t.pause, t.unpause = delay, (seq, delay)
+        t.pause, t.unpause = delay * 10**9 or 1, (seq, delay)  # ns, at least 1
         t.cmd_pause += 1
 
     def disconnect(self, client: str) -> None:

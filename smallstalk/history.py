@@ -1,0 +1,457 @@
+"""Streaming, read-only access to a data directory's history: snapshots, segments, records.
+
+`iter_records(data_dir)` yields every record the AOF still holds as
+`(segment path, byte offset, record)`, in sequence order, reading one chunk of
+one file at a time: memory stays constant however long the log is. The
+operator tools (`smallstalk aof`, `replay`, `job-history`) and the analytics
+pipeline are built on it.
+
+Safe on the data directory of a live server: nothing is ever written, the
+segments are opened as soon as they are listed (the compactor may unlink them
+meanwhile; an open file stays readable), and the last segment is read up to
+its readable prefix. A frame there that does not (yet) check out ends the
+read with a warning, not an error: it is either a write in progress or a torn
+tail that start-up will cut off. Damage anywhere else raises
+`aof.CorruptionError`, naming the file, the offset and the last good seq.
+
+Records folded into a snapshot by the compactor are gone from the log: asking
+for them (`from_seq` below the oldest record kept) raises `HistoryFolded`,
+which names the snapshot that holds their result.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import attrs
+import cbor2
+
+from . import aof, records
+from .aof import FRAME, HEADER_SIZE, MAX_FRAME, CorruptionError, FrameScan
+
+log = logging.getLogger("smallstalk.history")
+
+CHUNK = 1 << 20
+EAGER_OPEN = 512  # segments opened up front (a live compactor may unlink them)
+TAIL_SETTLE = (0.02, 0.05)  # seconds to wait for a write in progress at the very end
+RETENTION_HINT = ("to keep older records for these tools, run the server with "
+                  "`smallstalk serve --keep-segments-hours N` or `--keep-segments-bytes N`")
+
+Warn = Callable[[str], None]
+Progress = Callable[[int, int], None]  # (bytes read, bytes in all)
+
+
+class HistoryFolded(Exception):
+    """Records that are needed are no longer in the log.
+
+    Normally the compactor folded them into `snapshot` (which keeps the state
+    they led to, not the records); `snapshot` is None when no snapshot holds
+    them either, which is damage.
+    """
+
+    def __init__(self, first_needed: int, first_kept: int | None,
+                 snapshot: Path | None, snapshot_seq: int | None, what: str = ""):
+        self.first_needed, self.first_kept = first_needed, first_kept
+        self.snapshot, self.snapshot_seq = snapshot, snapshot_seq
+        last_missing = (first_kept - 1) if first_kept is not None else snapshot_seq
+        if last_missing is None or last_missing <= first_needed:
+            span = f"record {first_needed} is"
+        else:
+            span = f"records {first_needed}..{last_missing} are"
+        if snapshot is not None:
+            msg = (f"{span} no longer in the log: the compactor folded them away into snapshot "
+                   f"{snapshot.parent.name}/{snapshot.name} (seq {snapshot_seq}), which keeps the "
+                   f"state at seq {snapshot_seq}, not the records that led to it. "
+                   f"{RETENTION_HINT[0].upper()}{RETENTION_HINT[1:]}.")
+        else:
+            msg = (f"{span} missing from the log, and no snapshot holds them either "
+                   f"(segments were lost: damage)")
+        if what:
+            msg = f"{what}: {msg}"
+        super().__init__(msg)
+
+
+# --- what is in the directory ---------------------------------------------------
+
+
+@attrs.frozen
+class SegmentFile:
+    first: int  # seq its name says it starts at
+    path: Path
+    size: int
+
+
+@attrs.frozen
+class SnapshotFile:
+    seq: int
+    path: Path
+    size: int
+
+
+@attrs.frozen
+class Layout:
+    """The files of a data directory at one moment, in reading order."""
+
+    data_dir: Path
+    segments: list[SegmentFile]
+    snapshots: list[SnapshotFile]
+    others: list[Path]  # `*.broken` tails and `*.tmp` snapshots: never read
+
+    @property
+    def newest_snapshot(self) -> SnapshotFile | None:
+        return self.snapshots[-1] if self.snapshots else None
+
+    @property
+    def first_kept(self) -> int | None:
+        """The seq of the oldest record the log can still hold (from segment names)."""
+        return self.segments[0].first if self.segments else None
+
+    def covering_snapshot(self, seq: int) -> SnapshotFile | None:
+        """The oldest snapshot that contains record `seq` (its seq is at least `seq`)."""
+        for snap in self.snapshots:
+            if snap.seq >= seq:
+                return snap
+        return None
+
+    def folded(self, from_seq: int = 1) -> HistoryFolded | None:
+        """Why records from `from_seq` on are not all in the log, or None if they are."""
+        first = self.first_kept
+        if first is not None and from_seq >= first:
+            return None
+        last_missing = first - 1 if first is not None else None
+        if last_missing is None:
+            newest = self.newest_snapshot
+            if newest is None or from_seq > newest.seq:
+                return None  # nothing was ever written (or nothing from there on)
+            last_missing = newest.seq
+        if from_seq > last_missing:
+            return None
+        snap = self.covering_snapshot(last_missing)
+        return HistoryFolded(from_seq, first, snap.path if snap else None,
+                             snap.seq if snap else None)
+
+
+def layout(data_dir: Path) -> Layout:
+    aof_dir, snap_dir = data_dir / "aof", data_dir / "snapshots"
+    segments, snapshots, others = [], [], []
+    for first, path in aof.list_segments(aof_dir):
+        size = _size(path)
+        if size is not None:
+            segments.append(SegmentFile(first, path, size))
+    for seq, path in aof.list_snapshots(snap_dir):
+        size = _size(path)
+        if size is not None:
+            snapshots.append(SnapshotFile(seq, path, size))
+    for directory, suffix in ((aof_dir, ".broken"), (snap_dir, ".tmp")):
+        if directory.is_dir():
+            others += sorted(p for p in directory.iterdir() if p.name.endswith(suffix))
+    return Layout(data_dir, segments, snapshots, others)
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None  # unlinked by the compactor between listing and looking
+
+
+# --- frames and segments ----------------------------------------------------------
+
+
+def iter_frames(f: BinaryIO, start: int = HEADER_SIZE,
+                settle: tuple[float, ...] = ()) -> Iterator[tuple[int, bytes] | FrameScan]:
+    """Stream (offset, payload) per good frame from `start`, then one FrameScan.
+
+    The same rules as `aof.read_frames`, a chunk at a time. `settle`: delays to
+    wait for more bytes when the file ends inside a frame (a live last segment).
+    """
+    f.seek(start)
+    buf = b""
+    base = start  # file offset of buf[0]
+    pos = 0
+    eof = False
+    waits = list(settle)
+    unpack = FRAME.unpack_from
+    crc32 = zlib.crc32
+    while True:
+        avail = len(buf) - pos
+        need = FRAME.size
+        why = None
+        if avail >= FRAME.size:
+            length, crc = unpack(buf, pos)
+            if length == 0:
+                why = "zero-length frame"
+            elif length > MAX_FRAME:
+                why = "frame runs past the end of the file"
+            elif avail - FRAME.size >= length:
+                payload = buf[pos + FRAME.size:pos + FRAME.size + length]
+                if crc32(payload) != crc:
+                    why = "checksum mismatch"
+                else:
+                    yield base + pos, payload
+                    pos += FRAME.size + length
+                    continue
+            else:
+                need = FRAME.size + length
+        if why is None and not eof:
+            more = f.read(max(CHUNK, need - avail))
+            if more:
+                buf = buf[pos:] + more
+                base += pos
+                pos = 0
+            else:
+                eof = True
+            continue
+        if why is None and avail and waits:
+            time.sleep(waits.pop(0))  # a write in progress may complete the frame
+            eof = False
+            continue
+        if why is None and avail:
+            why = ("incomplete frame header" if avail < FRAME.size
+                   else "frame runs past the end of the file")
+        yield FrameScan(base + pos, base + len(buf) if eof else _file_size(f), why)
+        return
+
+
+def _file_size(f: BinaryIO) -> int:
+    here = f.tell()
+    size = f.seek(0, 2)
+    f.seek(here)
+    return size
+
+
+class SegmentReader:
+    """One segment, streamed: iterate for (offset, record); then read how it ended.
+
+    Raises CorruptionError for a bad header or a payload that checks out but is
+    not a record. A frame that does not check out ends the iteration and sets
+    `why`; `tail_is_torn()` then tells a torn tail from damage in the middle.
+    """
+
+    def __init__(self, path: Path, file: BinaryIO | None = None, last: bool = False):
+        self.path = path
+        self.file = file
+        self.last = last
+        self.header_seq: int | None = None
+        self.short_header = False  # the file is shorter than a header
+        self.records = 0
+        self.first_seq: int | None = None
+        self.last_seq: int | None = None
+        self.first_time: int | None = None
+        self.last_time: int | None = None
+        self.end = 0  # offset after the last good frame
+        self.size = 0
+        self.why: str | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, records.Record]]:
+        f = self.file if self.file is not None else open(self.path, "rb")  # noqa: SIM115
+        try:
+            yield from self._read(f)
+        finally:
+            f.close()
+            self.file = None
+
+    def _read(self, f: BinaryIO) -> Iterator[tuple[int, records.Record]]:
+        f.seek(0)
+        head = f.read(HEADER_SIZE)
+        if len(head) < HEADER_SIZE:
+            self.short_header = True
+            self.size = self.end = len(head)
+            self.why = "file shorter than its header"
+            return
+        first = self.header_seq = aof.read_header(self.path, head, aof.SEGMENT_MAGIC)
+        self.end = HEADER_SIZE
+        decode = records.decode
+        for item in iter_frames(f, HEADER_SIZE, TAIL_SETTLE if self.last else ()):
+            if isinstance(item, FrameScan):
+                self.end, self.size, self.why = item.end, item.size, item.why
+                return
+            offset, payload = item
+            try:
+                rec = decode(payload)
+            except records.DecodeError as e:
+                raise CorruptionError(self.path, offset, self.last_seq, str(e)) from None
+            if self.first_seq is None:
+                if rec.seq != first:
+                    raise CorruptionError(self.path, offset, None,
+                                          f"header says first seq {first}, first record has {rec.seq}")
+                self.first_seq, self.first_time = rec.seq, rec.time
+            self.records += 1
+            self.last_seq, self.last_time = rec.seq, rec.time
+            yield offset, rec
+
+    @property
+    def clean(self) -> bool:
+        return self.why is None
+
+    def tail_is_torn(self) -> bool:
+        """After a bad frame: True if no good record follows it (a torn tail)."""
+        if self.short_header:
+            return True
+        data = self.path.read_bytes()
+        return aof.later_good_frame(data, self.end) is None
+
+    def damage(self) -> CorruptionError:
+        return CorruptionError(self.path, self.end, self.last_seq, self.why or "damage")
+
+    def torn_warning(self) -> str:
+        if self.short_header:
+            return f"{self.path}: last segment has no complete header yet ({self.size} bytes)"
+        after = f"seq {self.last_seq}" if self.last_seq is not None else "its header"
+        return (f"{self.path}: the last segment ends in {self.size - self.end} bytes that are not "
+                f"a complete record ({self.why}) at offset {self.end}, after {after}: a write in "
+                f"progress if a server is running, else a torn write that start-up cuts off")
+
+
+def open_segments(data_dir: Path, tries: int = 3) -> tuple[Layout, list[BinaryIO | None]]:
+    """List the directory and open its segments at once (up to EAGER_OPEN of them).
+
+    A segment unlinked between listing and opening means a compaction just
+    finished: list again.
+    """
+    for _ in range(tries):
+        lay = layout(data_dir)
+        files: list[BinaryIO | None] = []
+        try:
+            for i, seg in enumerate(lay.segments):
+                files.append(open(seg.path, "rb") if i < EAGER_OPEN else None)  # noqa: SIM115
+        except FileNotFoundError:
+            for f in files:
+                if f is not None:
+                    f.close()
+            continue
+        return lay, files
+    raise RuntimeError(f"{data_dir}: segments keep disappearing while being opened")
+
+
+def iter_records(
+    data_dir: Path | str,
+    from_seq: int | None = None,
+    include_open: bool = True,
+    *,
+    warn: Warn | None = None,
+    progress: Progress | None = None,
+    opened: tuple[Layout, list[BinaryIO | None]] | None = None,
+) -> Iterator[tuple[Path, int, records.Record]]:
+    """Every record the log holds, as (segment path, offset, record), in seq order.
+
+    - `from_seq`: start there; segments wholly before it are not read. If the
+      log no longer holds `from_seq` (folded into a snapshot), HistoryFolded.
+    - `include_open=False`: leave out the last segment (the one a running
+      server appends to), so only closed, immutable segments are read.
+    - Sequence numbers are checked to follow on without gaps; damage raises
+      CorruptionError. A torn or still-being-written tail of the last segment
+      ends the stream and is reported through `warn` (default: logging).
+    - `progress(bytes read, bytes in all)` is called now and then.
+    - `opened`: a result of `open_segments` to read (e.g. to list once and
+      make several decisions on the same files).
+    """
+    data_dir = Path(data_dir)
+    warn = warn or log.warning
+    lay, files = opened if opened is not None else open_segments(data_dir)
+    try:
+        n_all = len(lay.segments)
+        chosen = list(zip(lay.segments, files, strict=True))
+        if not include_open and chosen:
+            chosen = chosen[:-1]
+        if from_seq is not None:
+            gone = lay.folded(from_seq)
+            if gone is not None:
+                raise gone
+            while len(chosen) > 1 and chosen[1][0].first <= from_seq:
+                seg, f = chosen.pop(0)
+                if f is not None:
+                    f.close()
+        total = sum(seg.size for seg, _ in chosen)
+        done = 0
+        expected: int | None = None
+        for seg, f in chosen:
+            is_last = seg is lay.segments[-1] and n_all > 0
+            if f is None:
+                try:
+                    f = open(seg.path, "rb")  # noqa: SIM115
+                except FileNotFoundError:
+                    raise CorruptionError(seg.path, 0, expected and expected - 1,
+                                          "segment disappeared while reading (a compaction "
+                                          "folded it meanwhile); run the command again") from None
+            reader = SegmentReader(seg.path, f, last=is_last)
+            count = 0
+            for offset, rec in reader:
+                if expected is not None and rec.seq != expected:
+                    raise CorruptionError(seg.path, offset, expected - 1,
+                                          f"sequence gap: expected {expected}, found {rec.seq}")
+                expected = rec.seq + 1
+                count += 1
+                if progress is not None and count & 0xFFF == 0:
+                    progress(done + offset, total)
+                if from_seq is not None and rec.seq < from_seq:
+                    continue
+                yield seg.path, offset, rec
+            if not reader.clean:
+                if is_last and reader.tail_is_torn():
+                    warn(reader.torn_warning())
+                else:
+                    raise reader.damage()
+            done += seg.size
+            if progress is not None:
+                progress(done, total)
+    finally:
+        for f in files:
+            if f is not None and not f.closed:
+                f.close()
+
+
+# --- snapshots --------------------------------------------------------------------
+
+
+def iter_snapshot(path: Path, file: BinaryIO | None = None) -> Iterator[list]:
+    """A snapshot's items one by one (meta first), checked as `snapshot.read_items` does.
+
+    Raises CorruptionError on damage, including a missing `end` frame; the
+    error comes when the reader gets there, so a caller that needs a whole
+    valid snapshot must read to the end before trusting what it got.
+    """
+    f = file if file is not None else open(path, "rb")  # noqa: SIM115
+    with f:
+        f.seek(0)
+        head = f.read(HEADER_SIZE)
+        last_seq = aof.read_header(path, head, aof.SNAPSHOT_MAGIC)
+        count = 0
+        for entry in iter_frames(f, HEADER_SIZE):
+            if isinstance(entry, FrameScan):
+                if not entry.clean:
+                    raise CorruptionError(path, entry.end, last_seq, entry.why)
+                raise CorruptionError(path, entry.end, last_seq,
+                                      "snapshot has no end frame (incomplete)")
+            offset, payload = entry
+            try:
+                item = cbor2.loads(payload)
+            except Exception as e:  # cbor2 raises several types for garbage
+                raise CorruptionError(path, offset, last_seq, f"bad CBOR: {e}") from None
+            if not isinstance(item, list) or not item:
+                raise CorruptionError(path, offset, last_seq, "snapshot item is not an array")
+            if count == 0 and (item[0] != "meta" or item[1:2] != [last_seq]):
+                raise CorruptionError(path, offset, last_seq,
+                                      f"first item is not meta for seq {last_seq}")
+            if item[0] == "end":
+                if item[1:2] != [count]:
+                    raise CorruptionError(path, offset, last_seq, "item count mismatch")
+                return
+            count += 1
+            yield item
+
+
+def snapshot_meta(path: Path) -> dict:
+    """The meta item of a snapshot by name (reads only the first frame)."""
+    items = iter_snapshot(path)
+    try:
+        item = next(items)
+    finally:
+        items.close()
+    names = ("last_seq", "time", "next_job_id", "next_conn_id", "total_jobs", "job_timeouts")
+    return dict(zip(names, item[1:], strict=False))
