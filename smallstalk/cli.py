@@ -56,6 +56,8 @@ smallstalk's own:
  --compact-interval SEC  fold closed segments into a snapshot this often (default 10)
  --compact-segments N    ...or as soon as N segments are closed (default 4)
  --no-compact            never compact (the AOF keeps every record)
+ --keep-segments-hours H keep folded segments for H hours (for the replay tools)
+ --keep-segments-bytes B ...and/or at most B bytes of them, newest first
 """
 
 MAIN_HELP = """\
@@ -102,6 +104,8 @@ class ServeConfig:
     compact_interval: float = 10.0
     compact_segments: int = 4
     compact: bool = True
+    keep_hours: float | None = None
+    keep_bytes: int | None = None
     user: str | None = None
     verbose: int = 0
 
@@ -118,7 +122,8 @@ def _int(text: str, flag: str) -> int:
 
 LONG_OPTIONS = {
     "--data-dir", "--fsync", "--fsync-interval", "--segment-records", "--segment-bytes",
-    "--compact-interval", "--compact-segments", "--listen", "--port", "--max-job-size",
+    "--compact-interval", "--compact-segments", "--keep-segments-hours",
+    "--keep-segments-bytes", "--listen", "--port", "--max-job-size",
 }
 
 
@@ -210,6 +215,10 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
         cfg.compact_interval = float(value)
     elif name == "--compact-segments":
         cfg.compact_segments = max(_int(value, name), 1)
+    elif name == "--keep-segments-hours":
+        cfg.keep_hours = float(value)
+    elif name == "--keep-segments-bytes":
+        cfg.keep_bytes = _int(value, name)
     elif name == "--listen":
         cfg.addr = value
     elif name == "--port":
@@ -262,7 +271,8 @@ async def serve(cfg: ServeConfig) -> None:
             nursery.start_soon(_signals, nursery.cancel_scope, lp)
             if journal is not None and cfg.compact:
                 nursery.start_soon(compactor.run, journal, cfg.data_dir, cfg.compact_interval,
-                                   cfg.compact_segments)
+                                   cfg.compact_segments,
+                                   compactor.retention(cfg.keep_hours, cfg.keep_bytes))
                 if cfg.fsync == FSYNC_INTERVAL:
                     nursery.start_soon(journal.run_interval_sync)
     finally:

@@ -54,16 +54,24 @@ def fold(data_dir: Path, segments: list[Path]) -> Path:
     return snapshot.write_state(snap_dir, state)
 
 
-def remove_folded(data_dir: Path, snap: Path, keep: set[Path] = frozenset()) -> int:
-    """Delete segments wholly at or below the snapshot, and older snapshots."""
+def remove_folded(data_dir: Path, snap: Path, keep=None) -> int:
+    """Delete segments wholly at or below the snapshot, and older snapshots.
+
+    `keep(covered)` may spare some of the covered segments (retention for the
+    replay tools); it gets them oldest first and returns the set to keep.
+    """
     aof_dir, snap_dir = paths(data_dir)
     last_seq = int(snap.stem)
     segments = aof.list_segments(aof_dir)
+    covered = [
+        path for i, (_first, path) in enumerate(segments)
+        # covered when the next segment starts at or below last_seq + 1
+        if i + 1 < len(segments) and segments[i + 1][0] <= last_seq + 1
+    ]
+    spared = keep(covered) if keep else set()
     removed = 0
-    for i, (_first, path) in enumerate(segments):
-        nxt = segments[i + 1][0] if i + 1 < len(segments) else None
-        # A segment is covered when the next one starts at or below last_seq + 1.
-        if nxt is not None and nxt <= last_seq + 1 and path not in keep:
+    for path in covered:
+        if path not in spared:
             path.unlink(missing_ok=True)
             removed += 1
     for seq, path in aof.list_snapshots(snap_dir):
@@ -74,6 +82,28 @@ def remove_folded(data_dir: Path, snap: Path, keep: set[Path] = frozenset()) -> 
     aof.fsync_dir(aof_dir)
     aof.fsync_dir(snap_dir)
     return removed
+
+
+def retention(hours: float | None, max_bytes: int | None):
+    """A `keep` policy: folded segments younger than `hours`, newest first up to `max_bytes`."""
+    if hours is None and max_bytes is None:
+        return None
+
+    def keep(covered: list[Path]) -> set[Path]:
+        now = time.time()
+        kept: set[Path] = set()
+        total = 0
+        for path in reversed(covered):
+            st = path.stat()
+            if hours is not None and now - st.st_mtime > hours * 3600:
+                break
+            if max_bytes is not None and total + st.st_size > max_bytes:
+                break
+            total += st.st_size
+            kept.add(path)
+        return kept
+
+    return keep
 
 
 async def run(journal, data_dir: Path, interval: float, max_closed: int = 4,
@@ -109,8 +139,7 @@ async def run(journal, data_dir: Path, interval: float, max_closed: int = 4,
             await trio.sleep(interval)
             continue
         snap = Path(result.stdout.decode().strip())
-        kept = keep(fixed) if keep else set()
-        removed = remove_folded(data_dir, snap, kept)
+        removed = remove_folded(data_dir, snap, keep)
         log.info("compacted %d segments into %s in %.2fs", removed, snap.name,
                  time.monotonic() - started)
 

@@ -72,7 +72,7 @@ class HistoryFolded(Exception):
             msg = (f"{span} missing from the log, and no snapshot holds them either "
                    f"(segments were lost: damage)")
         if what:
-            msg = f"{what}: {msg}"
+            msg = f"{what}. {msg[0].upper()}{msg[1:]}"
         super().__init__(msg)
 
 
