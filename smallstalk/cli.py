@@ -21,6 +21,8 @@ from . import records as r
 from .journal import FSYNC_ALWAYS, FSYNC_INTERVAL, FSYNC_NEVER, Journal
 from .loop import MutationLoop
 from .recovery import recover
+from .replica import Follower
+from .replication import new_history
 from .server import open_listeners, serve_listeners
 from .state import State
 
@@ -58,6 +60,13 @@ smallstalk's own:
  --no-compact            never compact (the AOF keeps every record)
  --keep-segments-hours H keep folded segments for H hours (for the replay tools)
  --keep-segments-bytes B ...and/or at most B bytes of them, newest first
+
+Replication (needs a data directory; see the README):
+ --replica-of HOST:PORT  follow that primary as a read-only hot standby
+ --min-replica-acks N    answer changes only once N replicas have them on disk
+                         (default 0: asynchronous)
+ --replica-ack-timeout S how long to wait for those acks before answering
+                         NOT_REPLICATED (default 5)
 """
 
 MAIN_HELP = """\
@@ -66,6 +75,7 @@ Usage: smallstalk COMMAND [ARGS]
 Commands:
   serve         run the server (see `smallstalk serve -h`); beanstalkd's
                 flags without a command also serve
+  promote       promote HOST:PORT: turn a replica into a primary
   aof           inspect a data directory: aof ls | dump | verify
   replay        rebuild the state as it was at a sequence number or time
   job-history   the whole life of one job as a timeline
@@ -106,6 +116,9 @@ class ServeConfig:
     compact: bool = True
     keep_hours: float | None = None
     keep_bytes: int | None = None
+    replica_of: tuple[str, int] | None = None
+    min_replica_acks: int = 0
+    replica_ack_timeout: float = 5.0
     user: str | None = None
     verbose: int = 0
 
@@ -123,7 +136,8 @@ def _int(text: str, flag: str) -> int:
 LONG_OPTIONS = {
     "--data-dir", "--fsync", "--fsync-interval", "--segment-records", "--segment-bytes",
     "--compact-interval", "--compact-segments", "--keep-segments-hours",
-    "--keep-segments-bytes", "--listen", "--port", "--max-job-size",
+    "--keep-segments-bytes", "--replica-of", "--min-replica-acks", "--replica-ack-timeout",
+    "--listen", "--port", "--max-job-size",
 }
 
 
@@ -219,6 +233,15 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
         cfg.keep_hours = float(value)
     elif name == "--keep-segments-bytes":
         cfg.keep_bytes = _int(value, name)
+    elif name == "--replica-of":
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit():
+            raise UsageError("--replica-of takes HOST:PORT")
+        cfg.replica_of = (host, int(port))
+    elif name == "--min-replica-acks":
+        cfg.min_replica_acks = _int(value, name)
+    elif name == "--replica-ack-timeout":
+        cfg.replica_ack_timeout = float(value)
     elif name == "--listen":
         cfg.addr = value
     elif name == "--port":
@@ -254,21 +277,34 @@ async def serve(cfg: ServeConfig) -> None:
         state = State()
         log.warning("no data directory: jobs are kept in memory only "
                     "(use -b DIR or --data-dir DIR to persist them)")
-    lp = MutationLoop(state, journal, cfg.data_dir, max_job_size=cfg.max_job_size)
-    if journal is not None:
+    lp = MutationLoop(state, journal, cfg.data_dir, max_job_size=cfg.max_job_size,
+                      min_replica_acks=cfg.min_replica_acks,
+                      replica_ack_timeout=cfg.replica_ack_timeout)
+    follower = None
+    if cfg.replica_of:
+        # A replica logs only what its primary sends, with the primary's seqs.
+        follower = Follower(lp, *cfg.replica_of)
+        lp.role, lp.follower = "replica", follower
+        lp.read_only = "replica"
+    elif journal is not None:
+        if not state.epochs:  # a fresh log gets its own history id
+            lp.log(r.NewEpoch, 1, new_history())
         lp.log(r.Restart)  # connections of an earlier run are gone
         await journal.commit()
     listeners = await open_listeners(cfg.addr, cfg.port)
     if cfg.user:
         _drop_privileges(cfg.user)
     where = cfg.addr if cfg.addr.startswith("unix:") else f"{cfg.addr}:{cfg.port}"
-    log.info("smallstalk %s listening on %s (fsync %s)", VERSION, where,
-             cfg.fsync if journal else "n/a, in memory")
+    log.info("smallstalk %s listening on %s (fsync %s%s)", VERSION, where,
+             cfg.fsync if journal else "n/a, in memory",
+             f", replica of {cfg.replica_of[0]}:{cfg.replica_of[1]}" if cfg.replica_of else "")
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(lp.run)
             nursery.start_soon(serve_listeners, lp, listeners, cfg.max_job_size)
             nursery.start_soon(_signals, nursery.cancel_scope, lp)
+            if follower is not None:
+                nursery.start_soon(follower.run)
             if journal is not None and cfg.compact:
                 nursery.start_soon(compactor.run, journal, cfg.data_dir, cfg.compact_interval,
                                    cfg.compact_segments,
@@ -292,6 +328,27 @@ async def _signals(scope: trio.CancelScope, lp: MutationLoop) -> None:
                 return
 
 
+def promote_command(argv: list[str]) -> int:
+    """`smallstalk promote HOST:PORT`: tell a replica to take over."""
+    import socket
+
+    if len(argv) != 1 or ":" not in argv[0]:
+        print("usage: smallstalk promote HOST:PORT", file=sys.stderr)
+        return 2
+    host, _, port = argv[0].rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"promote\r\n")
+        reply = b""
+        while not reply.endswith(b"\r\n"):
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+    text = reply.decode(errors="replace").strip()
+    print(text)
+    return 0 if text.startswith("PROMOTED") else 1
+
+
 def _setup_logging(verbose: int) -> None:
     level = logging.INFO if verbose == 0 else logging.DEBUG
     logging.basicConfig(level=level, stream=sys.stderr,
@@ -310,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(cfg, str):
                 print(cfg)
                 return 0
+            if (cfg.replica_of or cfg.min_replica_acks) and cfg.data_dir is None:
+                raise UsageError("replication needs a data directory (-b DIR or --data-dir DIR)")
             _setup_logging(cfg.verbose)
             try:
                 trio.run(serve, cfg)
@@ -319,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         if command in ("help", "--help", "-h"):
             print(MAIN_HELP)
             return 0
+        if command == "promote":
+            return promote_command(rest)
         if command in TOOL_COMMANDS:
             import importlib
 

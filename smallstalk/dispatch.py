@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 BLOCK = object()  # the reserve waits; the loop answers it later
 CLOSE = object()  # quit: answer nothing more and close
+NOREPLY = object()  # a command that is not answered (a replica's ack)
 
 VERSION = "1.12+smallstalk.0.1.0"
 
@@ -107,9 +108,17 @@ def touch(lp: MutationLoop, s: Session, cmd: p.Touch):
     return p.TOUCHED
 
 
+def _used(lp: MutationLoop, s: Session) -> str:
+    return s.view_use or lp.state.use_of(s.id)
+
+
 def use(lp: MutationLoop, s: Session, cmd: p.Use):
     lp.count("cmd-use")
-    if lp.state.use_of(s.id) != cmd.tube:
+    if lp.read_only:
+        # A replica takes no records from clients: `use` only aims this
+        # connection's peek-ready/-delayed/-buried.
+        s.view_use = cmd.tube
+    elif lp.state.use_of(s.id) != cmd.tube:
         lp.log(r.Use, s.id, cmd.tube)
     return p.using(cmd.tube)
 
@@ -142,17 +151,17 @@ def peek(lp: MutationLoop, s: Session, cmd: p.Peek):
 
 def peek_ready(lp: MutationLoop, s: Session, cmd: p.PeekReady):
     lp.count("cmd-peek-ready")
-    return _found(lp.state.peek_ready(lp.state.use_of(s.id)))
+    return _found(lp.state.peek_ready(_used(lp, s)))
 
 
 def peek_delayed(lp: MutationLoop, s: Session, cmd: p.PeekDelayed):
     lp.count("cmd-peek-delayed")
-    return _found(lp.state.peek_delayed(lp.state.use_of(s.id)))
+    return _found(lp.state.peek_delayed(_used(lp, s)))
 
 
 def peek_buried(lp: MutationLoop, s: Session, cmd: p.PeekBuried):
     lp.count("cmd-peek-buried")
-    return _found(lp.state.peek_buried(lp.state.use_of(s.id)))
+    return _found(lp.state.peek_buried(_used(lp, s)))
 
 
 def kick(lp: MutationLoop, s: Session, cmd: p.Kick):
@@ -200,7 +209,7 @@ def list_tubes(lp: MutationLoop, s: Session, cmd: p.ListTubes):
 
 def list_tube_used(lp: MutationLoop, s: Session, cmd: p.ListTubeUsed):
     lp.count("cmd-list-tube-used")
-    return p.using(lp.state.use_of(s.id))
+    return p.using(_used(lp, s))
 
 
 def list_tubes_watched(lp: MutationLoop, s: Session, cmd: p.ListTubesWatched):
@@ -218,6 +227,26 @@ def pause_tube(lp: MutationLoop, s: Session, cmd: p.PauseTube):
 
 def quit_(lp: MutationLoop, s: Session, cmd: p.Quit):
     return CLOSE
+
+
+def replicate(lp: MutationLoop, s: Session, cmd: p.Replicate):
+    from . import replication  # the feed machinery only loads when a replica asks
+
+    return replication.start_feed(lp, s, cmd)
+
+
+def replica_ack(lp: MutationLoop, s: Session, cmd: p.ReplicaAck):
+    lp.replica_acked(s, cmd.seq)
+    return NOREPLY
+
+
+def promote(lp: MutationLoop, s: Session, cmd: p.PromoteReplica):
+    if lp.role != "replica":
+        return b"NOT_A_REPLICA\r\n"
+    from . import replication
+
+    epoch = replication.promote(lp)
+    return b"PROMOTED %d\r\n" % epoch
 
 
 def error(lp: MutationLoop, s: Session, ev: p.ErrorReply):
@@ -239,13 +268,14 @@ HANDLERS = {
     p.PeekBuried: peek_buried, p.Kick: kick, p.KickJob: kick_job, p.StatsJob: stats_job,
     p.StatsTube: stats_tube, p.Stats: stats, p.ListTubes: list_tubes,
     p.ListTubeUsed: list_tube_used, p.ListTubesWatched: list_tubes_watched,
-    p.PauseTube: pause_tube, p.Quit: quit_, p.ErrorReply: error,
+    p.PauseTube: pause_tube, p.Quit: quit_, p.ErrorReply: error, p.Replicate: replicate,
+    p.ReplicaAck: replica_ack, p.PromoteReplica: promote,
 }
 
-# Mutating commands, refused on a read-only server (a replica).
+# Refused on a replica (READ_ONLY): they change the queue or need a record.
 MUTATING = frozenset({
     p.Put, p.Reserve, p.ReserveJob, p.Delete, p.Release, p.Bury, p.Touch, p.Kick,
-    p.KickJob, p.PauseTube,
+    p.KickJob, p.PauseTube, p.Watch, p.Ignore,
 })
 
 STATS_COUNTERS = (
@@ -287,6 +317,16 @@ def server_stats(lp: MutationLoop) -> list[tuple[str, object]]:
         ("hostname", uname.nodename.encode()), ("os", uname.version.encode()),
         ("platform", uname.machine.encode()),
     ]
+    # smallstalk's own keys come after beanstalkd's, so existing clients still parse.
+    epoch, history = st.epoch
+    out += [("role", lp.role.encode()), ("last-seq", st.last_seq), ("epoch", epoch),
+            ("history", (history or "-").encode())]
+    if lp.role == "replica" and lp.follower is not None:
+        out += lp.follower.stats(st)
+    else:
+        acked = max((f.acked for f in lp.feeds.values()), default=0)
+        out += [("replicas", len(lp.feeds)), ("replica-acked-seq", acked),
+                ("min-replica-acks", lp.min_replica_acks)]
     return out
 
 

@@ -247,6 +247,7 @@ class SegmentReader:
         self.end = 0  # offset after the last good frame
         self.size = 0
         self.why: str | None = None
+        self._data: bytes | None = None  # the whole file, read only when a frame is bad
 
     def __iter__(self) -> Iterator[tuple[int, records.Record]]:
         f = self.file if self.file is not None else open(self.path, "rb")  # noqa: SIM115
@@ -270,6 +271,9 @@ class SegmentReader:
         for item in iter_frames(f, HEADER_SIZE, TAIL_SETTLE if self.last else ()):
             if isinstance(item, FrameScan):
                 self.end, self.size, self.why = item.end, item.size, item.why
+                if self.why is not None:
+                    f.seek(0)
+                    self._data = f.read()  # for tail_is_torn, from the file we have open
                 return
             offset, payload = item
             try:
@@ -293,7 +297,7 @@ class SegmentReader:
         """After a bad frame: True if no good record follows it (a torn tail)."""
         if self.short_header:
             return True
-        data = self.path.read_bytes()
+        data = self._data if self._data is not None else self.path.read_bytes()
         return aof.later_good_frame(data, self.end) is None
 
     def damage(self) -> CorruptionError:
@@ -308,25 +312,54 @@ class SegmentReader:
                 f"progress if a server is running, else a torn write that start-up cuts off")
 
 
-def open_segments(data_dir: Path, tries: int = 3) -> tuple[Layout, list[BinaryIO | None]]:
-    """List the directory and open its segments at once (up to EAGER_OPEN of them).
+@attrs.define
+class OpenDir:
+    """A data directory's files, opened together right after listing them.
 
-    A segment unlinked between listing and opening means a compaction just
+    A live server's compactor may unlink segments and snapshots at any moment;
+    a file opened before that stays readable, so what was listed can be read.
+    `iter_records` consumes the segment files; the snapshot files stay open
+    until `close()` (they can be read more than once).
+    """
+
+    layout: Layout
+    segments: list[BinaryIO | None]  # None beyond EAGER_OPEN: opened when reached
+    snapshots: list[BinaryIO]
+
+    def snapshot_file(self, snap: SnapshotFile) -> BinaryIO:
+        return self.snapshots[self.layout.snapshots.index(snap)]
+
+    def close(self) -> None:
+        for f in [*self.segments, *self.snapshots]:
+            if f is not None:
+                f.close()
+
+    def __enter__(self) -> OpenDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_dir(data_dir: Path, tries: int = 3) -> OpenDir:
+    """List the directory and open its files at once (segments: the first EAGER_OPEN).
+
+    A file unlinked between listing and opening means a compaction just
     finished: list again.
     """
     for _ in range(tries):
         lay = layout(data_dir)
-        files: list[BinaryIO | None] = []
+        opened = OpenDir(lay, [], [])
         try:
+            for snap in lay.snapshots:
+                opened.snapshots.append(open(snap.path, "rb"))  # noqa: SIM115
             for i, seg in enumerate(lay.segments):
-                files.append(open(seg.path, "rb") if i < EAGER_OPEN else None)  # noqa: SIM115
+                opened.segments.append(open(seg.path, "rb") if i < EAGER_OPEN else None)  # noqa: SIM115
         except FileNotFoundError:
-            for f in files:
-                if f is not None:
-                    f.close()
+            opened.close()
             continue
-        return lay, files
-    raise RuntimeError(f"{data_dir}: segments keep disappearing while being opened")
+        return opened
+    raise RuntimeError(f"{data_dir}: files keep disappearing while being opened")
 
 
 def iter_records(
@@ -336,7 +369,7 @@ def iter_records(
     *,
     warn: Warn | None = None,
     progress: Progress | None = None,
-    opened: tuple[Layout, list[BinaryIO | None]] | None = None,
+    opened: OpenDir | None = None,
 ) -> Iterator[tuple[Path, int, records.Record]]:
     """Every record the log holds, as (segment path, offset, record), in seq order.
 
@@ -348,12 +381,15 @@ def iter_records(
       CorruptionError. A torn or still-being-written tail of the last segment
       ends the stream and is reported through `warn` (default: logging).
     - `progress(bytes read, bytes in all)` is called now and then.
-    - `opened`: a result of `open_segments` to read (e.g. to list once and
-      make several decisions on the same files).
+    - `opened`: the files of `open_dir(data_dir)` to read (to list once and
+      make several decisions on the same files); its segments are consumed.
     """
     data_dir = Path(data_dir)
     warn = warn or log.warning
-    lay, files = opened if opened is not None else open_segments(data_dir)
+    own = opened is None
+    if opened is None:
+        opened = open_dir(data_dir)
+    lay, files = opened.layout, opened.segments
     try:
         n_all = len(lay.segments)
         chosen = list(zip(lay.segments, files, strict=True))
@@ -402,8 +438,10 @@ def iter_records(
                 progress(done, total)
     finally:
         for f in files:
-            if f is not None and not f.closed:
+            if f is not None:
                 f.close()
+        if own:
+            opened.close()
 
 
 # --- snapshots --------------------------------------------------------------------
@@ -414,10 +452,11 @@ def iter_snapshot(path: Path, file: BinaryIO | None = None) -> Iterator[list]:
 
     Raises CorruptionError on damage, including a missing `end` frame; the
     error comes when the reader gets there, so a caller that needs a whole
-    valid snapshot must read to the end before trusting what it got.
+    valid snapshot must read to the end before trusting what it got. A
+    `file` given is read from its start and left open.
     """
     f = file if file is not None else open(path, "rb")  # noqa: SIM115
-    with f:
+    try:
         f.seek(0)
         head = f.read(HEADER_SIZE)
         last_seq = aof.read_header(path, head, aof.SNAPSHOT_MAGIC)
@@ -444,11 +483,14 @@ def iter_snapshot(path: Path, file: BinaryIO | None = None) -> Iterator[list]:
                 return
             count += 1
             yield item
+    finally:
+        if file is None:
+            f.close()
 
 
-def snapshot_meta(path: Path) -> dict:
+def snapshot_meta(path: Path, file: BinaryIO | None = None) -> dict:
     """The meta item of a snapshot by name (reads only the first frame)."""
-    items = iter_snapshot(path)
+    items = iter_snapshot(path, file)
     try:
         item = next(items)
     finally:

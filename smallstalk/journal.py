@@ -78,8 +78,26 @@ class Journal:
         self.next_seq += 1
         return seq
 
-    def append(self, rec: records.Record) -> None:
-        self.segment.append(records.encode(rec), rec.seq)
+    def append(self, rec: records.Record) -> bytes:
+        payload = records.encode(rec)
+        self.segment.append(payload, rec.seq)
+        return payload
+
+    def expect_seq(self, seq: int) -> None:
+        """A replica logs the primary's seqs: take exactly this one next."""
+        if seq != self.next_seq:
+            raise JournalError(f"replicated seq {seq}, journal expects {self.next_seq}")
+        self.next_seq += 1
+
+    def reset(self, next_seq: int) -> None:
+        """Drop every segment and start over at next_seq (a replica's full resync)."""
+        self.segment.discard_pending()
+        self.segment.close()
+        for _first, path in list_segments(self.aof_dir):
+            path.unlink()
+        self.next_seq = next_seq
+        self.committed_seq = next_seq - 1
+        self._open_segment()
 
     def has_pending(self) -> bool:
         return bool(self.segment.pending)

@@ -58,14 +58,15 @@ class Session:
     """One client connection as the loop sees it."""
 
     __slots__ = (
-        "id", "pending", "out", "blocked", "halfclosed", "closing", "producer", "worker",
-        "outbox", "wait_deadline",
+        "id", "pending", "out", "out_mut", "blocked", "halfclosed", "closing", "producer",
+        "worker", "outbox", "wait_deadline", "feed", "view_use",
     )
 
     def __init__(self, sid: int, outbox: trio.MemorySendChannel):
         self.id = sid
         self.pending: deque = deque()
         self.out: list[bytes] = []
+        self.out_mut: list[bool] = []  # did the command behind each reply log a record?
         self.blocked = False
         self.halfclosed = False
         self.closing = False
@@ -73,6 +74,17 @@ class Session:
         self.worker = False
         self.outbox = outbox  # (bytes, done, close) tuples to the connection's writer
         self.wait_deadline = None
+        self.feed = None  # a replication feed: the connection streams records instead
+        self.view_use: str | None = None  # `use` on a replica: this connection's view only
+
+
+class Parked:
+    """Replies held until a replica has acknowledged the turn's records."""
+
+    __slots__ = ("seq", "deadline", "deliveries")
+
+    def __init__(self, seq: int, deadline: float, deliveries: list):
+        self.seq, self.deadline, self.deliveries = seq, deadline, deliveries
 
 
 def wall_clock() -> int:
@@ -87,6 +99,8 @@ class MutationLoop:
         data_dir: Path | None = None,
         clock: Callable[[], int] = wall_clock,
         max_job_size: int = p.DEFAULT_MAX_JOB_SIZE,
+        min_replica_acks: int = 0,
+        replica_ack_timeout: float = 5.0,
     ):
         self.state = state
         self.journal = journal
@@ -109,7 +123,16 @@ class MutationLoop:
         self._touched: dict[int, Session] = {}
         self._failed_until = 0.0
         self.turns = 0
-        self.on_commit: list[Callable[[], None]] = []
+        # Replication: feeds to replicas (primary), or what we follow (replica).
+        self.role = "primary"
+        self.feeds: dict[int, object] = {}  # session id -> replication.Feed
+        self.min_replica_acks = min_replica_acks
+        self.replica_ack_timeout = replica_ack_timeout
+        self._parked: deque[Parked] = deque()
+        self._turn_payloads: list[tuple[int, bytes]] = []
+        self._turn_seq0 = state.last_seq
+        self.follower = None  # replica.Follower, on a replica
+        self.promotion_scope: trio.CancelScope | None = None
 
     # --- the connection side (called from connection tasks) ----------------------
 
@@ -129,6 +152,16 @@ class MutationLoop:
 
     def close_session(self, s: Session) -> None:
         self._send.send_nowait(("close", s))
+
+    async def call(self, fn: Callable, *args):
+        """Run fn(*args) inside a loop turn (so it may touch state); return its result."""
+        done = trio.Event()
+        box: list = []
+        self._send.send_nowait(("call", (fn, args, box, done)))
+        await done.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
 
     # --- what handlers call -----------------------------------------------------
 
@@ -152,12 +185,29 @@ class MutationLoop:
             if self._failed_until and trio.current_time() < self._failed_until:
                 raise Unavailable("the AOF failed recently")
             rec = cls(self.journal.take_seq(), self.now, *fields)
-            self.journal.append(rec)
+            self._stage(rec)
         else:
             self._seq += 1
             rec = cls(self._seq, self.now, *fields)
         self.state.apply(rec)
         return rec
+
+    def _stage(self, rec: r.Record) -> None:
+        payload = self.journal.append(rec)
+        if self.feeds:
+            self._turn_payloads.append((rec.seq, payload))
+
+    def apply_replicated(self, records: list) -> None:
+        """A replica's way in: the primary's records, with the primary's seqs."""
+        st = self.state
+        for rec in records:
+            if rec.seq <= st.last_seq:
+                continue  # already here (a resent tail): never apply twice
+            if rec.seq != st.last_seq + 1:
+                raise ValueError(f"gap in the feed: have {st.last_seq}, got {rec.seq}")
+            self.journal.expect_seq(rec.seq)
+            self._stage(rec)
+            st.apply(rec)
 
     def volatile(self, cls: type, *fields) -> None:
         self.state.apply(cls(0, self.now, *fields))
@@ -197,6 +247,13 @@ class MutationLoop:
             await self.turn(batch)
 
     def _seconds_to_next_deadline(self) -> float | None:
+        wait = self._seconds_to_state_deadline()
+        if self._parked:
+            left = max(self._parked[0].deadline - trio.current_time(), 0.0)
+            wait = left if wait is None else min(wait, left)
+        return wait
+
+    def _seconds_to_state_deadline(self) -> float | None:
         now = self.clock()
         deadline = self.state.next_deadline(now)
         if self._failed_until:
@@ -212,6 +269,8 @@ class MutationLoop:
     async def turn(self, batch: list) -> None:
         self.turns += 1
         self.now = self.clock()
+        self._calls_done: list[tuple[list, trio.Event]] = []
+        self._turn_seq0 = self.state.last_seq
         for item in batch:
             kind, s = item[0], item[1]
             if kind == "cmds":
@@ -227,6 +286,13 @@ class MutationLoop:
                     self._answer_wait(s, p.TIMED_OUT)
             elif kind == "close":
                 self._close(s)
+            elif kind == "call":
+                fn, args, box, done = s
+                try:
+                    box.append(fn(*args))
+                except Exception as e:  # handed back to the caller
+                    box.append(e)
+                self._calls_done.append((box, done))
         self._timers()
         await self._commit_and_reply()
 
@@ -234,32 +300,40 @@ class MutationLoop:
         """Run a session's pending commands in order until one blocks."""
         self._touched[s.id] = s
         handlers = dispatch.HANDLERS
+        st = self.state
         while s.pending and not s.blocked and not s.closing:
             cmd = s.pending.popleft()
+            seq0 = st.last_seq
             try:
+                if self.read_only and type(cmd) in dispatch.MUTATING:
+                    raise ReadOnly(self.read_only)
                 reply = handlers[type(cmd)](self, s, cmd)
             except Unavailable:
                 reply = p.INTERNAL_ERROR
-            except ReadOnly as e:
-                reply = b"READ_ONLY %s\r\n" % str(e).encode()
+            except ReadOnly:
+                reply = p.READ_ONLY
             if reply is dispatch.BLOCK:
                 s.blocked = True
-                s.wait_deadline = self.state.conns[s.id].wait_deadline
+                s.wait_deadline = st.conns[s.id].wait_deadline
             elif reply is dispatch.CLOSE:
                 s.closing = True
                 s.pending.clear()
-            else:
+            elif reply is not dispatch.NOREPLY:
                 s.out.append(reply)
+                s.out_mut.append(st.last_seq != seq0)
 
     def _answer_wait(self, s: Session, reply: bytes) -> None:
         self.volatile(r.WaitStop, s.id)
         s.blocked = False
         s.out.append(reply)
+        s.out_mut.append(False)
         self._run(s)
 
     def _close(self, s: Session) -> None:
         if self.sessions.pop(s.id, None) is None:
             return
+        if self.feeds.pop(s.id, None) is not None:
+            self._release_parked()
         self._touched.pop(s.id, None)
         if s.blocked:
             self.volatile(r.WaitStop, s.id)
@@ -274,6 +348,7 @@ class MutationLoop:
 
     def _timers(self) -> None:
         """Everything that happens because time passed, as records."""
+        self._expire_parked()
         if self.read_only or (self._failed_until and trio.current_time() < self._failed_until):
             return
         st = self.state
@@ -308,6 +383,7 @@ class MutationLoop:
             self.log(r.Reserve, cid, job.id)
             s.blocked = False
             s.out.append(p.job_reply(b"RESERVED", job.id, job.body))
+            s.out_mut.append(True)
             self._run(s)
 
     async def _commit_and_reply(self) -> None:
@@ -318,43 +394,89 @@ class MutationLoop:
             except Unavailable:
                 pass
         j = self.journal
+        committed = False
         if j is not None and j.has_pending():
             try:
                 await j.commit()
             except JournalError as e:
                 self._failed(e)
+                for box, _done in self._calls_done:
+                    box[:] = [e]  # what the call staged is not on disk
             else:
+                committed = True
                 if self._failed_until:
                     self._failed_until = 0.0
-                for hook in self.on_commit:
-                    hook()
-        elif self.on_commit:
-            for hook in self.on_commit:
-                hook()
-        self._reply()
+        payloads = self._turn_payloads
+        if payloads:
+            self._turn_payloads = []
+            if committed:
+                for feed in list(self.feeds.values()):
+                    feed.push(payloads)
+        for _box, done in self._calls_done:
+            done.set()
+        self._reply(self.state.last_seq if committed else self._turn_seq0)
 
-    def _reply(self) -> None:
+    def _reply(self, turn_seq: int) -> None:
         touched = self._touched
         self._touched = {}
+        hold = self.min_replica_acks and turn_seq > self._turn_seq0
+        held = []
         for s in touched.values():
-            if s.id not in self.sessions:
+            if s.id not in self.sessions or s.feed is not None:
                 continue
             done = not s.blocked and not s.pending
-            if s.out or done or s.closing:
-                blob = b"".join(s.out)
-                s.out.clear()
-                try:
-                    s.outbox.send_nowait((blob, done, s.closing))
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
+            if not (s.out or done or s.closing):
+                continue
+            delivery = (s, s.out, s.out_mut, done, s.closing)
+            s.out, s.out_mut = [], []
+            if hold and any(delivery[2]):
+                held.append(delivery)
+            else:
+                _deliver(delivery)
+        if held:
+            self._parked.append(Parked(turn_seq, trio.current_time() + self.replica_ack_timeout,
+                                       held))
+            self._release_parked()
+
+    # --- replication -------------------------------------------------------------
+
+    def acked_seq(self) -> int:
+        """The highest seq that at least `min_replica_acks` replicas have on disk."""
+        acks = sorted((f.acked for f in self.feeds.values()), reverse=True)
+        n = self.min_replica_acks
+        return acks[n - 1] if n and len(acks) >= n else 0
+
+    def replica_acked(self, s: Session, seq: int) -> None:
+        feed = self.feeds.get(s.id)
+        if feed is not None and seq > feed.acked:
+            feed.acked = seq
+            self._release_parked()
+
+    def _release_parked(self) -> None:
+        acked = self.acked_seq()
+        while self._parked and self._parked[0].seq <= acked:
+            for delivery in self._parked.popleft().deliveries:
+                _deliver(delivery)
+
+    def _expire_parked(self) -> None:
+        now = trio.current_time()
+        while self._parked and self._parked[0].deadline <= now:
+            parked = self._parked.popleft()
+            log.warning("no replica acknowledged seq %d in %.1fs: answering %s",
+                        parked.seq, self.replica_ack_timeout, p.NOT_REPLICATED.strip().decode())
+            for s, out, mut, done, closing in parked.deliveries:
+                out = [p.NOT_REPLICATED if m else reply for reply, m in zip(out, mut, strict=True)]
+                _deliver((s, out, mut, done, closing))
 
     def _failed(self, e: Exception) -> None:
         """A commit failed: answer the turn with errors and go back to what is on disk."""
         log.error("AOF commit failed, answering INTERNAL_ERROR: %s", e)
         self.journal.discard()
         self._failed_until = trio.current_time() + RETRY_AFTER_FAILURE
+        self._turn_payloads = []
         for s in self._touched.values():
             s.out[:] = [p.INTERNAL_ERROR] * len(s.out)
+            s.out_mut[:] = [False] * len(s.out)
         from .recovery import recover  # late: recovery is only needed on this path
 
         self.state = recover(self.data_dir, repair=False).state
@@ -365,3 +487,11 @@ class MutationLoop:
 
     def touch_session(self, s: Session) -> None:
         self._touched[s.id] = s
+
+
+def _deliver(delivery: tuple) -> None:
+    s, out, _mut, done, closing = delivery
+    try:
+        s.outbox.send_nowait((b"".join(out), done, closing))
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass

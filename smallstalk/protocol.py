@@ -173,6 +173,30 @@ class Quit:
     pass
 
 
+# smallstalk's own commands (beanstalkd answers them UNKNOWN_COMMAND).
+
+
+@attrs.frozen(slots=True)
+class Replicate:
+    """`replicate <epoch> <history|-> <after seq>`: become a replication feed."""
+
+    epoch: int
+    history: str
+    after: int
+
+
+@attrs.frozen(slots=True)
+class ReplicaAck:
+    """`replica-ack <seq>`: a replica has everything up to seq on its disk."""
+
+    seq: int
+
+
+@attrs.frozen(slots=True)
+class PromoteReplica:
+    """`promote`: a replica stops following and accepts writes."""
+
+
 @attrs.frozen(slots=True)
 class ErrorReply:
     """Malformed input: answer `reply` and go on with the next command.
@@ -188,7 +212,8 @@ class ErrorReply:
 Command = (
     Put | Reserve | ReserveJob | Delete | Release | Bury | Touch | Use | Watch | Ignore | Peek
     | PeekReady | PeekDelayed | PeekBuried | Kick | KickJob | StatsJob | StatsTube | Stats
-    | ListTubes | ListTubeUsed | ListTubesWatched | PauseTube | Quit
+    | ListTubes | ListTubeUsed | ListTubesWatched | PauseTube | Quit | Replicate | ReplicaAck
+    | PromoteReplica
 )
 Event = Command | ErrorReply
 
@@ -196,7 +221,7 @@ Event = Command | ErrorReply
 PEEK_READY, PEEK_DELAYED, PEEK_BURIED = PeekReady(), PeekDelayed(), PeekBuried()
 STATS, LIST_TUBES, LIST_TUBE_USED, LIST_TUBES_WATCHED = (
     Stats(), ListTubes(), ListTubeUsed(), ListTubesWatched())
-QUIT, RESERVE = Quit(), Reserve(None)
+QUIT, RESERVE, PROMOTE = Quit(), Reserve(None), PromoteReplica()
 
 
 # --- replies ---------------------------------------------------------------
@@ -218,6 +243,9 @@ PAUSED = b"PAUSED\r\n"
 NOT_IGNORED = b"NOT_IGNORED\r\n"
 TIMED_OUT = b"TIMED_OUT\r\n"
 DEADLINE_SOON = b"DEADLINE_SOON\r\n"
+# smallstalk's own replies
+READ_ONLY = b"READ_ONLY\r\n"  # a replica refuses changes
+NOT_REPLICATED = b"NOT_REPLICATED\r\n"  # --min-replica-acks: no replica confirmed in time
 
 
 def inserted(job_id: int) -> bytes:
@@ -415,6 +443,14 @@ def _p_pause_tube(rest: bytes) -> Command:
     return PauseTube(name.decode("ascii"), delay)
 
 
+def _p_replicate(rest: bytes) -> Command:
+    parts = rest.split(b" ")
+    if len(parts) != 3 or not parts[0].isdigit() or not parts[2].isdigit():
+        raise _Bad
+    history = parts[1].decode("ascii", "replace")
+    return Replicate(int(parts[0]), "" if history == "-" else history, int(parts[2]))
+
+
 # (prefix, parser or constant), in beanstalkd's matching order. Entries whose
 # prefix carries no trailing space must match the whole line exactly.
 _TABLE: list[tuple[bytes, object]] = [
@@ -480,6 +516,12 @@ def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHea
             return QUIT
         if line.startswith(b"pause-tube"):
             return _p_pause_tube(line[len(b"pause-tube"):])
+        if line.startswith(b"replicate "):
+            return _p_replicate(line[len(b"replicate "):])
+        if line.startswith(b"replica-ack "):
+            return ReplicaAck(_read_uint(line, len(b"replica-ack "), U64_MAX, True)[0])
+        if line == b"promote":
+            return PROMOTE
     except _BadCounted as e:
         return ErrorReply(BAD_FORMAT, e.counted_as)
     except _Bad:
@@ -612,6 +654,12 @@ def render(cmd: Command) -> bytes:
         return b"pause-tube %s %d\r\n" % (cmd.tube.encode(), cmd.delay)
     if t is Kick:
         return b"kick %d\r\n" % cmd.bound
+    if t is Replicate:
+        return b"replicate %d %s %d\r\n" % (cmd.epoch, (cmd.history or "-").encode(), cmd.after)
+    if t is ReplicaAck:
+        return b"replica-ack %d\r\n" % cmd.seq
+    if t is PromoteReplica:
+        return b"promote\r\n"
     name = _NAMES[t]
     if t in _ID_COMMANDS:
         return b"%s %d\r\n" % (name, cmd.id)

@@ -176,6 +176,21 @@ class Restart:
     time: int
 
 
+@attrs.frozen(slots=True)
+class NewEpoch:
+    """From this record on, this server leads history `history` (number `epoch`).
+
+    Logged when a server first feeds a replica and when a replica is promoted,
+    so a replica can tell whether a primary's log continues its own.
+    """
+
+    CODE: ClassVar[int] = 16
+    seq: int
+    time: int
+    epoch: int
+    history: str
+
+
 # --- volatile: applied, never logged --------------------------------------
 
 
@@ -208,11 +223,11 @@ class WaitStop:
 
 LOGGED_TYPES = (
     Put, Reserve, Delete, Release, Bury, Touch, Kick, Use, Watch, Ignore, PauseTube,
-    Disconnect, Promote, Timeout, Restart,
+    Disconnect, Promote, Timeout, Restart, NewEpoch,
 )
 Record = (
     Put | Reserve | Delete | Release | Bury | Touch | Kick | Use | Watch | Ignore | PauseTube
-    | Disconnect | Promote | Timeout | Restart | Connect | WaitStart | WaitStop
+    | Disconnect | Promote | Timeout | Restart | NewEpoch | Connect | WaitStart | WaitStop
 )
 
 for _cls in LOGGED_TYPES:
@@ -226,7 +241,7 @@ OP_NAMES: dict[type, str] = {
     Put: "put", Reserve: "reserve", Delete: "delete", Release: "release", Bury: "bury",
     Touch: "touch", Kick: "kick", Use: "use", Watch: "watch", Ignore: "ignore",
     PauseTube: "pause-tube", Disconnect: "disconnect", Promote: "promote",
-    Timeout: "timeout", Restart: "restart",
+    Timeout: "timeout", Restart: "restart", NewEpoch: "new-epoch",
 }
 
 

@@ -34,7 +34,7 @@ MAX_QUEUED_BYTES = 1 << 20
 
 
 class _Conn:
-    __slots__ = ("queued", "queued_bytes", "idle", "eof", "space", "finished")
+    __slots__ = ("queued", "queued_bytes", "idle", "eof", "space", "finished", "feed")
 
     def __init__(self) -> None:
         self.queued: list = []
@@ -43,6 +43,7 @@ class _Conn:
         self.eof = False
         self.space = trio.Event()
         self.finished = trio.Event()
+        self.feed = False  # a replication feed: acks go straight to the loop
 
 
 def _size(ev) -> int:
@@ -85,13 +86,20 @@ async def serve_connection(lp: MutationLoop, stream: trio.abc.Stream, max_job_si
                 continue
             c.queued.extend(events)
             c.queued_bytes += sum(_size(ev) for ev in events)
-            if c.idle:
+            if c.idle or c.feed:
                 flush_queue()
             while c.queued_bytes > MAX_QUEUED_BYTES:
                 await c.space.wait()
 
     async def writer() -> None:
         async for blob, done, close in outbox:
+            if not isinstance(blob, bytes):  # a replication feed takes the connection over
+                from .replication import run_feed
+
+                c.feed = True
+                await run_feed(stream, blob, lambda: lp.journal.committed_seq)
+                c.finished.set()
+                return
             if blob:
                 await stream.send_all(blob)
             if close:

@@ -120,6 +120,8 @@ class State:
         self.ready_n = self.urgent_n = self.reserved_n = self.delayed_n = self.buried_n = 0
         self.waiting_n = 0
         self.waiters: dict[int, Conn] = {}  # waiting conns, oldest first
+        # Histories this log has followed: (epoch, history id, first seq), oldest first.
+        self.epochs: list[tuple[int, str, int]] = []
         self.delay_heap: list = []  # (deadline, id, gen) over all tubes
         self.ttr_heap: list = []  # (deadline, id, gen) over all reserved jobs
         self._tube(DEFAULT_TUBE)
@@ -129,6 +131,7 @@ class State:
             r.Kick: self._kick, r.Use: self._use, r.Watch: self._watch,
             r.Ignore: self._ignore, r.PauseTube: self._pause, r.Disconnect: self._disconnect,
             r.Promote: self._promote, r.Timeout: self._timeout, r.Restart: self._restart,
+            r.NewEpoch: self._new_epoch,
             r.Connect: self._connect, r.WaitStart: self._wait_start, r.WaitStop: self._wait_stop,
         }
 
@@ -397,6 +400,15 @@ class State:
         for cid in sorted(self.conns):
             self._disconnect(r.Disconnect(0, rec.time, cid))
 
+    def _new_epoch(self, rec: r.NewEpoch) -> None:
+        if self.epochs and rec.epoch <= self.epochs[-1][0]:
+            raise StateError(f"epoch {rec.epoch} does not follow {self.epochs[-1][0]}")
+        self.epochs.append((rec.epoch, rec.history, rec.seq))
+
+    @property
+    def epoch(self) -> tuple[int, str]:
+        return self.epochs[-1][:2] if self.epochs else (0, "")
+
     def _connect(self, rec: r.Connect) -> None:
         self._conn(rec.conn, logged=False)
 
@@ -633,6 +645,8 @@ class State:
         """
         yield ["meta", self.last_seq, self.time, self.next_job_id, self.next_conn_id,
                self.total_jobs, self.job_timeouts]
+        for epoch, history, first_seq in self.epochs:
+            yield ["epoch", epoch, history, first_seq]
         for name in self.tube_order:
             t = self.tubes[name]
             yield ["tube", name, t.total_jobs, t.cmd_delete, t.cmd_pause, t.pause, t.unpause_at]
@@ -692,6 +706,8 @@ class State:
                 s.tubes[use].using_n += 1
                 for name in watch:
                     s.tubes[name].watching_n += 1
+            elif kind == "epoch":
+                s.epochs.append((item[1], item[2], item[3]))
             elif kind == "meta":
                 (_, s.last_seq, s.time, s.next_job_id, s.next_conn_id, s.total_jobs,
                  s.job_timeouts) = item

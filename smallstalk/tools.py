@@ -393,8 +393,9 @@ class SegmentSummary:
 
 
 def summarize_segment(path: Path, first: int, size: int, last: bool,
-                      progress: Callable[[int], None] | None = None) -> SegmentSummary:
-    reader = history.SegmentReader(path, last=last)
+                      progress: Callable[[int], None] | None = None,
+                      file: IO[bytes] | None = None) -> SegmentSummary:
+    reader = history.SegmentReader(path, file, last=last)
     s = SegmentSummary(path, first, size, last=last)
     try:
         for n, (offset, _rec) in enumerate(reader, 1):
@@ -425,10 +426,11 @@ class SnapshotSummary:
     why: str | None = None
 
 
-def summarize_snapshot(path: Path, seq: int, size: int) -> SnapshotSummary:
+def summarize_snapshot(path: Path, seq: int, size: int,
+                       file: IO[bytes] | None = None) -> SnapshotSummary:
     s = SnapshotSummary(path, seq, size)
     try:
-        for item in history.iter_snapshot(path):
+        for item in history.iter_snapshot(path, file):
             kind = str(item[0])
             s.items[kind] = s.items.get(kind, 0) + 1
             if kind == "meta":
@@ -440,20 +442,20 @@ def summarize_snapshot(path: Path, seq: int, size: int) -> SnapshotSummary:
 
 def cmd_ls(args: argparse.Namespace, out: Out) -> int:
     clock = Clock(args.utc)
-    lay, files = history.open_segments(args.data_dir)
-    for f in files:
-        if f is not None:
-            f.close()
-    total = sum(seg.size for seg in lay.segments)
-    prog = out.start_progress("reading segments")
-    snaps = [summarize_snapshot(s.path, s.seq, s.size) for s in lay.snapshots]
-    segs = []
-    done = 0
-    for i, seg in enumerate(lay.segments):
-        segs.append(summarize_segment(seg.path, seg.first, seg.size, i == len(lay.segments) - 1,
-                                      lambda off, base=done: prog(base + off, total)))
-        done += seg.size
-    out.end_progress()
+    with history.open_dir(args.data_dir) as od:
+        lay = od.layout
+        total = sum(seg.size for seg in lay.segments)
+        prog = out.start_progress("reading segments")
+        snaps = [summarize_snapshot(s.path, s.seq, s.size, f)
+                 for s, f in zip(lay.snapshots, od.snapshots, strict=True)]
+        segs = []
+        done = 0
+        for i, (seg, f) in enumerate(zip(lay.segments, od.segments, strict=True)):
+            segs.append(summarize_segment(seg.path, seg.first, seg.size,
+                                          i == len(lay.segments) - 1,
+                                          lambda off, base=done: prog(base + off, total), f))
+            done += seg.size
+        out.end_progress()
     newest = lay.newest_snapshot
     if args.format == "jsonl":
         for s in snaps:
@@ -624,15 +626,18 @@ def details(rec: records.Record) -> str:
         return f"pri {rec.pri}  delay {rec.delay}s"
     if t is r.Bury:
         return f"pri {rec.pri}"
-    if t in (r.Use, r.Watch, r.Ignore):
-        return f"tube {rec.tube}"
     if t is r.PauseTube:
         return f"tube {rec.tube}  delay {rec.delay}s"
     if t in (r.Kick, r.Promote, r.Timeout) and len(rec.ids) != 1:
         return f"jobs {','.join(map(str, rec.ids))}"
     if t is r.Restart:
         return "server started: earlier connections are gone"
-    return ""
+    # Any other record: its own fields (those not in the columns), by name.
+    return "  ".join(f"{name} {getattr(rec, name)}" for name in records.FIELDS.get(t, ())
+                     if name not in _IN_COLUMNS)
+
+
+_IN_COLUMNS = {"seq", "time", "conn", "id", "ids"}
 
 
 def record_json(rec: records.Record, path: Path | None = None, offset: int | None = None,
@@ -647,13 +652,14 @@ def record_json(rec: records.Record, path: Path | None = None, offset: int | Non
 class TubeOfJobs:
     """Which tube each live job is in, for `--tube`: seeded from a snapshot, kept by Put/Delete."""
 
-    def __init__(self, lay: history.Layout):
+    def __init__(self, od: history.OpenDir):
         self.tubes: dict[int, str] = {}
+        lay = od.layout
         first = lay.first_kept
         if first is not None and first > 1:
             snap = lay.covering_snapshot(first - 1)
             if snap is not None:
-                for item in history.iter_snapshot(snap.path):
+                for item in history.iter_snapshot(snap.path, od.snapshot_file(snap)):
                     if item[0] == "job":
                         self.tubes[item[1]] = item[2]
 
@@ -673,11 +679,15 @@ class TubeOfJobs:
 
 
 def cmd_dump(args: argparse.Namespace, out: Out) -> int:
+    with history.open_dir(args.data_dir) as od:
+        return _dump(args, out, od)
+
+
+def _dump(args: argparse.Namespace, out: Out, opened: history.OpenDir) -> int:
     clock = Clock(args.utc)
     since = clock.parse(args.since) if args.since else None
     until = clock.parse(args.until) if args.until else None
-    opened = history.open_segments(args.data_dir)
-    lay = opened[0]
+    lay = opened.layout
     from_seq = args.from_seq
     first = lay.first_kept
     gone = lay.folded(from_seq or 1)
@@ -690,7 +700,7 @@ def cmd_dump(args: argparse.Namespace, out: Out) -> int:
     jobs = set(args.job or ())
     conns = set(args.conn or ())
     tubes = set(args.tube or ())
-    tube_of = TubeOfJobs(lay) if tubes else None
+    tube_of = TubeOfJobs(opened) if tubes else None
     text = args.format == "text"
     last = lay.segments[-1] if lay.segments else None
     # Job ids and seqs are at most the last seq: a cheap bound for the column width.
@@ -770,23 +780,20 @@ def verify(data_dir: Path, warn: Callable[[str], None] | None = None,
            progress: Callable[[int, int], None] | None = None) -> VerifyReport:
     """Check a data directory the way start-up reads it, without writing anything."""
     rep = VerifyReport()
-    lay, files = history.open_segments(data_dir)
-    try:
-        return _verify(data_dir, lay, files, rep, progress)
-    finally:
-        for f in files:
-            if f is not None and not f.closed:
-                f.close()
+    with history.open_dir(data_dir) as od:
+        return _verify(od, rep, progress)
 
 
-def _verify(data_dir: Path, lay: history.Layout, files: list, rep: VerifyReport,
+def _verify(od: history.OpenDir, rep: VerifyReport,
             progress: Callable[[int, int], None] | None) -> VerifyReport:
+    lay, files = od.layout, od.segments
     newest = lay.newest_snapshot
+    newest_file = od.snapshot_file(newest) if newest is not None else None
     newest_ok = False
     for snap in lay.snapshots:
         try:
             counts: dict[str, int] = {}
-            for item in history.iter_snapshot(snap.path):
+            for item in history.iter_snapshot(snap.path, od.snapshot_file(snap)):
                 counts[item[0]] = counts.get(item[0], 0) + 1
             detail = (f"seq {snap.seq}: {plural(counts.get('job', 0), 'job')}, "
                       f"{plural(counts.get('tube', 0), 'tube')}, "
@@ -819,7 +826,7 @@ def _verify(data_dir: Path, lay: history.Layout, files: list, rep: VerifyReport,
                 f"records {newest.seq + 1}..{first - 1} are missing: the snapshot ends at seq "
                 f"{newest.seq} and the log starts at seq {first}")
         else:
-            state = _load_snapshot(newest.path)
+            state = _load_snapshot(newest.path, newest_file)
             base = f"snapshot {newest.path.name}"
     elif newest is None:
         rep.problems.append(f"records 1..{first - 1} are missing: the log starts at seq {first} "
@@ -871,7 +878,7 @@ def _verify(data_dir: Path, lay: history.Layout, files: list, rep: VerifyReport,
                     continue
                 applied += 1
                 if compare_at is not None and rec.seq == compare_at:
-                    items = history.iter_snapshot(newest.path)
+                    items = history.iter_snapshot(newest.path, newest_file)
                     try:
                         diff = _mismatch(items, state.dump())
                     finally:
@@ -880,7 +887,7 @@ def _verify(data_dir: Path, lay: history.Layout, files: list, rep: VerifyReport,
                     if diff:
                         rep.problems.append(f"{newest.path}: disagrees with the log at seq "
                                             f"{newest.seq}: {diff}")
-                        state = _load_snapshot(newest.path)  # what start-up would serve
+                        state = _load_snapshot(newest.path, newest_file)  # what start-up would serve
                         base = f"snapshot {newest.path.name}"
                         applied = 0
                     else:
@@ -912,7 +919,7 @@ def _verify(data_dir: Path, lay: history.Layout, files: list, rep: VerifyReport,
 
     if compare_at is not None and replaying and state.last_seq < compare_at:
         # The log ends before the snapshot: start-up serves the snapshot.
-        state = _load_snapshot(newest.path)
+        state = _load_snapshot(newest.path, newest_file)
         base, applied = f"snapshot {newest.path.name}", 0
     if first_seq is not None:
         gaps = sum("sequence gap" in p for p in rep.problems)
@@ -934,9 +941,9 @@ def _verify(data_dir: Path, lay: history.Layout, files: list, rep: VerifyReport,
     return rep
 
 
-def _load_snapshot(path: Path) -> State:
+def _load_snapshot(path: Path, file: IO[bytes] | None = None) -> State:
     try:
-        return State.load(history.iter_snapshot(path))
+        return State.load(history.iter_snapshot(path, file))
     except (StateError, TypeError, ValueError, KeyError, IndexError) as e:
         raise CorruptionError(path, 0, None, f"snapshot items do not load: {e!r}") from None
 
@@ -1006,8 +1013,14 @@ def rebuild(data_dir: Path, until_seq: int | None = None, until_time: int | None
 def _rebuild(data_dir: Path, until_seq: int | None, until_time: int | None,
              warn: Callable[[str], None] | None, progress: Callable[[int, int], None] | None,
              clock: Clock) -> Rebuilt:
-    opened = history.open_segments(data_dir)
-    lay = opened[0]
+    with history.open_dir(data_dir) as od:
+        return _rebuild_from(od, data_dir, until_seq, until_time, warn, progress, clock)
+
+
+def _rebuild_from(od: history.OpenDir, data_dir: Path, until_seq: int | None,
+                  until_time: int | None, warn: Callable[[str], None] | None,
+                  progress: Callable[[int, int], None] | None, clock: Clock) -> Rebuilt:
+    lay = od.layout
     first = lay.first_kept
     chosen: history.SnapshotFile | None = None
     for snap in reversed(lay.snapshots):
@@ -1015,7 +1028,7 @@ def _rebuild(data_dir: Path, until_seq: int | None, until_time: int | None,
             continue
         if until_time is not None:
             try:
-                if history.snapshot_meta(snap.path)["time"] > until_time:
+                if history.snapshot_meta(snap.path, od.snapshot_file(snap))["time"] > until_time:
                     continue
             except CorruptionError:
                 continue
@@ -1025,9 +1038,6 @@ def _rebuild(data_dir: Path, until_seq: int | None, until_time: int | None,
         break
     gone = lay.folded(1)
     if chosen is None and gone is not None:
-        for f in opened[1]:
-            if f is not None:
-                f.close()
         what = (f"the state at seq {until_seq}" if until_seq is not None
                 else f"the state at {clock.fmt(until_time)}")
         oldest = lay.covering_snapshot(0)
@@ -1039,12 +1049,13 @@ def _rebuild(data_dir: Path, until_seq: int | None, until_time: int | None,
     if chosen is None:
         state, base, base_seq = State(), "the empty state", 0
     else:
-        state, base, base_seq = _load_snapshot(chosen.path), f"snapshot {chosen.path.name}", chosen.seq
+        state = _load_snapshot(chosen.path, od.snapshot_file(chosen))
+        base, base_seq = f"snapshot {chosen.path.name}", chosen.seq
     applied = 0
     if until_seq is None or until_seq > state.last_seq:
         for path, offset, rec in history.iter_records(data_dir, from_seq=state.last_seq + 1,
                                                       warn=warn, progress=progress,
-                                                      opened=opened):
+                                                      opened=od):
             if until_time is not None and rec.time > until_time:
                 break
             if rec.seq != state.last_seq + 1:
@@ -1058,10 +1069,6 @@ def _rebuild(data_dir: Path, until_seq: int | None, until_time: int | None,
             applied += 1
             if until_seq is not None and rec.seq >= until_seq:
                 break
-    else:
-        for f in opened[1]:
-            if f is not None:
-                f.close()
     if until_seq is not None and state.last_seq < until_seq:
         raise ToolError(f"seq {until_seq} is beyond the end of the log (the last record is "
                         f"seq {state.last_seq})")
@@ -1355,8 +1362,15 @@ def job_history(data_dir: Path, jid: int, warn: Callable[[str], None] | None = N
     """Every step of job `jid` the log (and, for folded history, the snapshot) knows."""
     hist = JobHistory(jid)
     tracker = _JobTracker(jid, hist)
-    opened = history.open_segments(data_dir)
-    lay = opened[0]
+    with history.open_dir(data_dir) as od:
+        return _job_history(od, hist, tracker, jid, warn, progress, clock)
+
+
+def _job_history(od: history.OpenDir, hist: JobHistory, tracker: _JobTracker, jid: int,
+                 warn: Callable[[str], None] | None,
+                 progress: Callable[[int, int], None] | None, clock: Clock) -> JobHistory:
+    lay = od.layout
+    data_dir = lay.data_dir
     first = lay.first_kept
     snap_item: list | None = None
     snap: history.SnapshotFile | None = None
@@ -1367,7 +1381,7 @@ def job_history(data_dir: Path, jid: int, warn: Callable[[str], None] | None = N
         upto = first - 1 if first is not None else gone.snapshot_seq
         snap = lay.covering_snapshot(upto) if upto is not None else None
         if snap is not None:
-            for item in history.iter_snapshot(snap.path):
+            for item in history.iter_snapshot(snap.path, od.snapshot_file(snap)):
                 if item[0] == "meta":
                     meta_time, next_job_id = item[2], item[3]
                 elif item[0] == "job" and item[1] == jid:
@@ -1375,7 +1389,7 @@ def job_history(data_dir: Path, jid: int, warn: Callable[[str], None] | None = N
     pending = snap_item is not None
     last: tuple[int, int] | None = None
     for _path, _offset, rec in history.iter_records(data_dir, warn=warn, progress=progress,
-                                                    opened=opened):
+                                                    opened=od):
         if pending and rec.seq > snap.seq:
             pending = False
             if not hist.complete:
@@ -1423,7 +1437,7 @@ def cmd_job_history(args: argparse.Namespace, out: Out) -> int:
         if h.folded is not None:
             raise HistoryFolded(h.folded.first_needed, h.folded.first_kept, h.folded.snapshot,
                                 h.folded.snapshot_seq,
-                                what=f"job {args.job} was put and deleted before seq "
+                                what=f"job {args.job} was put and deleted by seq "
                                      f"{h.folded.snapshot_seq}: its whole history is gone")
         end = f" (the log ends at seq {h.log_end[0]})" if h.log_end else ""
         raise ToolError(f"no job {args.job} in the log{end}")
@@ -1458,7 +1472,7 @@ def cmd_job_history(args: argparse.Namespace, out: Out) -> int:
         out.line(line)
     out.line()
     for label, value, note in _summary_lines(h):
-        out.line(f"{label:<12}{value:>{DUR_WIDTH}}  {note}".rstrip())
+        out.line(f"{label:<14}{value:>{DUR_WIDTH}}  {note}".rstrip())
     return EXIT_OK
 
 
@@ -1481,9 +1495,11 @@ def _summary_lines(h: JobHistory) -> list[tuple[str, str, str]]:
     timed = [s for s in h.steps if s.time is not None]
     if len(timed) >= 2:
         span = timed[-1].time - timed[0].time
-        start = "put" if h.complete else f"the snapshot (seq {timed[0].seq})"
         end = "delete" if h.steps[-1].event == "delete" else "end of the log, still alive"
-        out.append(("lifetime", fmt_dur(span), f"{start} to {end}"))
+        if h.complete:
+            out.append(("lifetime", fmt_dur(span), f"put to {end}"))
+        else:
+            out.append((f"since seq {timed[0].seq}", fmt_dur(span), f"snapshot to {end}"))
     for name in STATES:
         if name in h.time_in:
             note = ""

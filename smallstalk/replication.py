@@ -1,0 +1,198 @@
+"""The primary's side of replication: deciding a feed, streaming it, promotion.
+
+A replica connects to the primary's client port and sends
+`replicate <epoch> <history|-> <after seq>`. The primary answers one line and
+then streams frames (the AOF frame: length, CRC32, CBOR payload) forever:
+
+- `REPLICATING <epoch> <history>`: records after <after seq> follow, first
+  from the segment files on disk, then live as the loop commits them;
+- `FULLRESYNC <epoch> <history> <snapshot seq>`: the replica's position is
+  not in the primary's history (compacted away, or a history the primary left
+  or never had): the newest snapshot's items follow, ending with its `end`
+  item, then the records after it;
+- `REFUSED <reason>`: the replica's history is newer than ours (we are an old
+  primary that was replaced), or this server cannot feed.
+
+Besides records, the stream carries heartbeats `["hb", committed seq, time ns]`
+every second, so a replica can report its lag. The replica answers
+`replica-ack <seq>` once it has that seq on its own disk.
+
+Histories: every primary log starts with a `NewEpoch` record carrying a random
+history id; a promoted replica logs the next epoch with a new id. The primary
+continues a replica's log only if the replica's (epoch, history) is in the
+primary's chain and the replica has no record past the point where the
+primary's history left it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import cbor2
+import trio
+
+from . import aof
+from . import protocol as p
+from . import records as r
+from .recovery import paths
+
+if TYPE_CHECKING:
+    from .loop import MutationLoop, Session
+
+log = logging.getLogger("smallstalk.replication")
+
+LIVE_BACKLOG = 10_000  # committed turns a slow replica may fall behind before it is cut off
+HEARTBEAT = 1.0  # seconds
+
+
+def new_history() -> str:
+    return os.urandom(8).hex()
+
+
+class Feed:
+    """One replica's stream: what to send from disk, then the live queue."""
+
+    def __init__(self, session_id: int, line: bytes, after: int, upto: int,
+                 snapshot: Path | None, segments: list[Path]):
+        self.session_id = session_id
+        self.line = line
+        self.after = after  # the replica has everything up to here
+        self.upto = upto  # disk catch-up ends here; live pushes start after it
+        self.snapshot = snapshot
+        # Open now: the compactor may delete the files, but open files stay readable.
+        self.snapshot_file = open(snapshot, "rb") if snapshot else None  # noqa: SIM115
+        self.segment_files = [open(path, "rb") for path in segments]  # noqa: SIM115
+        self.acked = after
+        self._send, self.live = trio.open_memory_channel(LIVE_BACKLOG)
+        self.cut_off = False
+
+    def push(self, payloads: list[tuple[int, bytes]]) -> None:
+        """Called by the loop after each commit (must not block)."""
+        if self.cut_off:
+            return
+        try:
+            self._send.send_nowait(payloads)
+        except trio.WouldBlock:
+            # Too far behind to keep in memory: end the stream; the replica
+            # reconnects and catches up from the files.
+            self.cut_off = True
+            self._send.close()
+
+    def close(self) -> None:
+        for f in [self.snapshot_file, *self.segment_files]:
+            if f is not None:
+                f.close()
+
+
+def start_feed(lp: MutationLoop, s: Session, cmd: p.Replicate):
+    """Decide how to feed this replica (inside the loop, so the state holds still)."""
+    from .dispatch import NOREPLY
+
+    if lp.journal is None:
+        return b"REFUSED no data directory: nothing to replicate\r\n"
+    if lp.role != "primary":
+        return b"REFUSED not a primary\r\n"
+    st = lp.state
+    epoch, history = st.epoch
+    chain = [(0, "", 1), *st.epochs]
+    fork: float | None = None
+    for i, (e, h, _first) in enumerate(chain):
+        if (e, h) == (cmd.epoch, cmd.history):
+            fork = chain[i + 1][2] if i + 1 < len(chain) else math.inf
+    if fork is None and cmd.epoch > epoch:
+        return b"REFUSED replica history %d/%s is newer than ours %d/%s\r\n" % (
+            cmd.epoch, (cmd.history or "-").encode(), epoch, history.encode())
+    upto = lp.journal.committed_seq
+    aof_dir, snap_dir = paths(lp.data_dir)
+    segments = aof.list_segments(aof_dir)
+    continues = fork is not None and cmd.after < fork and cmd.after <= upto
+    after = cmd.after
+    snapshot = None
+    if continues and not _covers(segments, after + 1, upto):
+        continues = False  # compacted away: start from a snapshot
+    if not continues:
+        snaps = aof.list_snapshots(snap_dir)
+        if snaps:
+            snap_seq, snapshot = snaps[-1]
+        else:
+            snap_seq = 0
+        after = snap_seq
+        if not _covers(segments, after + 1, upto):
+            return b"REFUSED cannot find records after %d\r\n" % after
+        line = b"FULLRESYNC %d %s %d\r\n" % (epoch, history.encode(), snap_seq)
+    else:
+        line = b"REPLICATING %d %s\r\n" % (epoch, history.encode())
+    needed = [path for i, (first, path) in enumerate(segments)
+              if first <= upto and (i + 1 == len(segments) or segments[i + 1][0] > after + 1)]
+    feed = Feed(s.id, line, after, upto, snapshot, needed)
+    lp.feeds[s.id] = feed
+    s.feed = feed
+    s.outbox.send_nowait((feed, False, False))  # the connection's writer takes over
+    log.info("replica on connection %d: %s", s.id, line.strip().decode())
+    return NOREPLY
+
+
+def _covers(segments: list[tuple[int, Path]], first_needed: int, upto: int) -> bool:
+    """Do the segment files hold every record from first_needed to upto?"""
+    if first_needed > upto:
+        return True
+    return bool(segments) and segments[0][0] <= first_needed
+
+
+async def run_feed(stream: trio.abc.Stream, feed: Feed, committed) -> None:
+    """Stream a feed to the replica until either side goes away."""
+    try:
+        await stream.send_all(feed.line)
+        if feed.snapshot_file is not None:
+            data = await trio.to_thread.run_sync(feed.snapshot_file.read)
+            await stream.send_all(data[aof.HEADER_SIZE:])  # its frames, `end` included
+        for f in feed.segment_files:
+            data = await trio.to_thread.run_sync(f.read)
+            out = bytearray()
+            for entry in aof.read_frames(data):
+                if isinstance(entry, aof.FrameScan):
+                    break
+                offset, payload = entry
+                seq = cbor2.loads(payload)[1]
+                if seq > feed.upto:
+                    break
+                if seq > feed.after:
+                    out += aof.frame(payload)
+                if len(out) > 1 << 20:
+                    await stream.send_all(bytes(out))
+                    out.clear()
+            if out:
+                await stream.send_all(bytes(out))
+        feed.close()
+        while True:
+            with trio.move_on_after(HEARTBEAT):
+                try:
+                    payloads = await feed.live.receive()
+                except trio.EndOfChannel:
+                    log.warning("replica on connection %d fell too far behind; cut off",
+                                feed.session_id)
+                    return
+                await stream.send_all(b"".join(aof.frame(pl) for _seq, pl in payloads))
+                continue
+            await stream.send_all(aof.frame(cbor2.dumps(["hb", committed(), time.time_ns()])))
+    finally:
+        feed.close()
+
+
+def promote(lp: MutationLoop) -> int:
+    """Turn this replica into a primary (inside the loop). Returns the new epoch."""
+    if lp.follower is not None:
+        lp.follower.stop()
+    lp.role = "primary"
+    lp.read_only = None
+    # The old primary's connections are gone: their reservations become ready.
+    lp.log(r.Restart)
+    epoch = lp.state.epoch[0] + 1
+    lp.log(r.NewEpoch, epoch, new_history())
+    log.info("promoted to primary, epoch %d", epoch)
+    return epoch
