@@ -320,7 +320,7 @@ def server_stats(lp: MutationLoop) -> list[tuple[str, object]]:
     # smallstalk's own keys come after beanstalkd's, so existing clients still parse.
     epoch, history = st.epoch
     out += [("role", lp.role.encode()), ("last-seq", st.last_seq), ("epoch", epoch),
-            ("history", (history or "-").encode())]
+            ("history", history or "-")]  # quoted: an all-digit id must stay a string
     if lp.role == "replica" and lp.follower is not None:
         out += lp.follower.stats(st)
     else:

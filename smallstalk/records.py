@@ -180,8 +180,10 @@ class Restart:
 class NewEpoch:
     """From this record on, this server leads history `history` (number `epoch`).
 
-    Logged when a server first feeds a replica and when a replica is promoted,
-    so a replica can tell whether a primary's log continues its own.
+    A primary logs epoch 1 with a random history id when its log has none (so a
+    fresh log starts NewEpoch, Restart); a promoted replica logs Restart, then
+    the next epoch with a new id. A replica uses the chain to tell whether a
+    primary's log continues its own.
     """
 
     CODE: ClassVar[int] = 16

@@ -707,6 +707,8 @@ class State:
                 for name in watch:
                     s.tubes[name].watching_n += 1
             elif kind == "epoch":
+                if s.epochs and item[1] <= s.epochs[-1][0]:
+                    raise StateError(f"epoch {item[1]} does not follow {s.epochs[-1][0]}")
                 s.epochs.append((item[1], item[2], item[3]))
             elif kind == "meta":
                 (_, s.last_seq, s.time, s.next_job_id, s.next_conn_id, s.total_jobs,

@@ -96,6 +96,25 @@ DOC_ITEMS = {row[0].strip("`"): doc_fields(row[1]) for row in table("kind", "fie
 DOC_STATES = {int(n): name for n, name in table("state", "name")}
 
 
+def doc_item_order() -> list[str]:
+    """The item kinds in the order the README's **Order.** paragraph names them."""
+    m = re.search(r"^\*\*Order\.\*\* (.*?)\n\n", README.read_text(), re.S | re.M)
+    assert m, "README has no **Order.** paragraph"
+    kinds: list[str] = []
+    for word in re.findall(r"`(\w+)`", m[1]):
+        if word in DOC_ITEMS and word not in kinds:
+            kinds.append(word)
+    return kinds
+
+
+DOC_ITEM_ORDER = doc_item_order()
+
+
+def check_item_order(kinds: list[str]) -> None:
+    """Snapshot item kinds follow the README's order (kinds may repeat or be absent)."""
+    assert kinds == sorted(kinds, key=DOC_ITEM_ORDER.index), kinds
+
+
 def doc_magic(name: str) -> bytes:
     m = re.search(r"\(([0-9A-Fa-f ]+)\)", CONSTANTS[name])
     assert m, CONSTANTS[name]
@@ -225,6 +244,8 @@ def test_snapshot_item_table_matches_state_dump(tmp_path: Path) -> None:
     kinds = [as_doc_item(item)["kind"] for item in items]
     assert set(kinds) | {"end"} == set(DOC_ITEMS)
     assert kinds[0] == "meta"
+    assert sorted(DOC_ITEM_ORDER) == sorted(DOC_ITEMS) and DOC_ITEM_ORDER[-1] == "end"
+    check_item_order(kinds)
 
 
 def test_worked_example_is_the_fixture() -> None:
@@ -287,6 +308,7 @@ def read_snapshot_doc(path: Path, version: int) -> tuple[int, list[dict[str, Any
     items = [as_doc_item(cbor2.loads(payload)) for _offset, payload in frames]
     assert items[-1] == {"kind": "end", "count": len(items) - 1}
     assert [i["kind"] for i in items].count("end") == 1
+    check_item_order([i["kind"] for i in items])
     assert items[0]["kind"] == "meta" and items[0]["last_seq"] == last_seq
     return last_seq, items[:-1]
 
@@ -387,8 +409,18 @@ def test_segments_hold_the_expected_records(vdir: Path) -> None:
         if "body" in exp:
             exp["body"] = exp["body"].encode()
         assert got == exp
+        for field, pattern in fx.exp.get("chosen", {}).items():  # values the server picked
+            op, name = field.split(".")
+            if want["op"] == op:
+                assert re.fullmatch(pattern, want[name]), (want, pattern)
     times = [fx.records[s]["time"] for s in sorted(fx.records)]
     assert times == sorted(times)
+    # A state's epochs are the NewEpoch records up to its last seq.
+    for key in ("state", "snapshot_state"):
+        state = fx.exp[key]
+        assert state["epochs"] == [
+            {"epoch": r["epoch"], "history": r["history"], "first_seq": r["seq"]}
+            for r in expected if r["op"] == "new-epoch" and r["seq"] <= state["last_seq"]], key
 
 
 @pytest.mark.skipif(not CURRENT.is_dir(), reason="no fixtures for the current version")
@@ -410,6 +442,8 @@ def check_items(fx: Fixture, items: list[dict[str, Any]], exp: dict[str, Any]) -
     assert meta["next_conn_id"] > max(
         (r["conn"] for s, r in fx.records.items() if "conn" in r and s <= exp["last_seq"]),
         default=0)
+    assert [{k: v for k, v in e.items() if k != "kind"} for e in by_kind.get("epoch", [])] == (
+        exp["epochs"])
     assert [{k: v for k, v in t.items() if k != "kind"} for t in by_kind.get("tube", [])] == [
         {**{k: v for k, v in t.items() if k != "unpause_at"},
          "unpause_at": 0 if t["unpause_at"] is None else fx.at(t["unpause_at"])}
@@ -455,6 +489,7 @@ def check_state(fx: Fixture, state: st.State, exp: dict[str, Any]) -> None:
     assert (state.last_seq, state.next_job_id, state.total_jobs, state.job_timeouts) == (
         exp["last_seq"], exp["next_job_id"], exp["total_jobs"], exp["job_timeouts"])
     assert state.time == fx.at(exp["time"])
+    assert state.epochs == [(e["epoch"], e["history"], e["first_seq"]) for e in exp["epochs"]]
     assert state.tube_order == [t["name"] for t in exp["tubes"]]
     for want in exp["tubes"]:
         t = state.tubes[want["name"]]

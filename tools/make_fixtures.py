@@ -1,7 +1,8 @@
 """Generate the golden on-disk fixtures of the current format: snapshots/v<FORMAT_VERSION>/.
 
 Runs a scripted session against real `smallstalk serve` processes (two runs on
-the same data directory, so the log holds two Restart records), stops each
+the same data directory: the log starts with the NewEpoch record a fresh data
+directory gets, and holds two Restart records), stops each
 with SIGTERM, folds the closed segments with `python -m smallstalk.compactor`,
 and writes three data directories plus expected.json:
 
@@ -15,6 +16,11 @@ expected.json is written from what this script did (a small model of the
 session below), never by reading the files back through smallstalk; before
 writing anything the script checks the model against the live server
 (stats-job, stats-tube, list-tubes) and against the records in the segments.
+The one thing the model cannot predict is the random history id the server
+picks for its NewEpoch record: the model knows only its form (16 lowercase hex
+characters); the value expected.json carries is read from the segments after
+the session (with this script's own reader) and must equal what the live
+server reported in `stats` (see `Chosen`).
 
 An existing snapshots/v<N>/ is never overwritten: fixtures of a released
 format are frozen. Usage: `make fixtures` or
@@ -27,6 +33,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -97,6 +104,32 @@ class MConn:
     reserved: set[int] = field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class Chosen:
+    """A value the server picks at random: the model knows its form, not its value.
+
+    check_log reads the value from the segments, checks it against `pattern`
+    and binds it to `name`; `resolve` then puts it into expected.json.
+    """
+
+    name: str
+    pattern: str
+
+
+HISTORY_PATTERN = "[0-9a-f]{16}"  # smallstalk.replication.new_history: 8 random bytes, hex
+
+
+def resolve(obj: Any, chosen: dict[str, str]) -> Any:
+    """`obj` with every Chosen replaced by the value found for it."""
+    if isinstance(obj, Chosen):
+        return chosen[obj.name]
+    if isinstance(obj, dict):
+        return {k: resolve(v, chosen) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [resolve(v, chosen) for v in obj]
+    return obj
+
+
 def swap_remove(items: list, item: Any) -> None:
     i = items.index(item)
     items[i] = items[-1]
@@ -116,6 +149,8 @@ class Model:
         self.next_job_id = 1
         self.total_jobs = 0
         self.job_timeouts = 0
+        self.epochs: list[tuple[int, Chosen, int]] = []  # (epoch, history, first seq)
+        self.live: dict[str, str] = {}  # Chosen name -> value the live server reported
         self.history: dict[int, dict[str, Any]] = {}  # seq -> expected state after it
 
     # helpers -----------------------------------------------------------------
@@ -168,6 +203,11 @@ class Model:
             j.state = "ready"
 
     # records -------------------------------------------------------------------
+
+    def new_epoch(self, epoch: int) -> None:
+        history = Chosen(f"history of epoch {epoch}", HISTORY_PATTERN)
+        seq = self._record("new-epoch", epoch=epoch, history=history)
+        self.epochs.append((epoch, history, seq))
 
     def restart(self) -> None:
         self._record("restart")
@@ -306,6 +346,7 @@ class Model:
             "next_job_id": self.next_job_id,
             "total_jobs": self.total_jobs,
             "job_timeouts": self.job_timeouts,
+            "epochs": [{"epoch": e, "history": h, "first_seq": s} for e, h, s in self.epochs],
             "tubes": [
                 {"name": t.name, "total_jobs": t.total_jobs, "cmd_delete": t.cmd_delete,
                  "cmd_pause": t.cmd_pause, "pause": t.pause, "unpause_at": rel(t.unpause)}
@@ -473,6 +514,7 @@ def session(data_dir: Path, work: Path) -> Model:
 
     # --- run 1 ---------------------------------------------------------------------
     srv = Server(data_dir, log)
+    m.new_epoch(1)  # a fresh data directory: its own history id, before the first Restart
     m.restart()
     p1 = Client(m, srv, "P1")
     p1.use("emails")
@@ -526,7 +568,7 @@ def session(data_dir: Path, work: Path) -> Model:
 
     # --- run 2 ---------------------------------------------------------------------
     srv = Server(data_dir, log)
-    m.restart()
+    m.restart()  # the log already has a history: no second NewEpoch
     p2 = Client(m, srv, "P2")
     p2.use("emails")
     p2.put("email-5", pri=1024)  # 10: not urgent (urgent is pri < 1024)
@@ -569,7 +611,13 @@ def check_live(srv: Server, m: Model) -> None:
             assert (st["total-jobs"], st["cmd-delete"], st["cmd-pause-tube"]) == (
                 t.total_jobs, t.cmd_delete, t.cmd_pause), (name, st)
             assert st["current-jobs-buried"] == len(t.buried), (name, st)
-        assert c.stats()["job-timeouts"] == m.job_timeouts
+        stats = c.stats()
+        assert stats["job-timeouts"] == m.job_timeouts
+        epoch, history, _first = m.epochs[-1]
+        assert stats["epoch"] == epoch, stats["epoch"]
+        # greenstalk turns an all-digit value into an int (dropping leading zeros).
+        seen = stats["history"]
+        m.live[history.name] = seen if isinstance(seen, str) else f"{seen:016d}"
 
 
 # ----------------------------------------------------------------------------
@@ -597,8 +645,12 @@ def read_segment(path: Path) -> tuple[int, list[list[Any]]]:
     return first, out
 
 
-def check_log(aof_dir: Path, m: Model) -> list[tuple[Path, int, int]]:
-    """The segments hold exactly the model's records; return (path, first, last) each."""
+def check_log(aof_dir: Path, m: Model) -> tuple[list[tuple[Path, int, int]], dict[str, str]]:
+    """The segments hold exactly the model's records.
+
+    Returns (path, first seq, last seq) of each segment, and the value found for
+    each Chosen field of the model's records.
+    """
     segs = sorted(aof_dir.glob("*.aof"))
     seen: list[list[Any]] = []
     spans = []
@@ -611,6 +663,7 @@ def check_log(aof_dir: Path, m: Model) -> list[tuple[Path, int, int]]:
         spans.append((path, first, items[-1][1] if items else first - 1))
     assert len(seen) == len(m.records), (len(seen), len(m.records))
     conn_of: dict[str, int] = {}
+    chosen: dict[str, str] = {}
     last_time = 0
     for raw, want in zip(seen, m.records, strict=True):
         rec = records.as_dict(records.from_list(raw))
@@ -623,10 +676,16 @@ def check_log(aof_dir: Path, m: Model) -> list[tuple[Path, int, int]]:
             assert conn_of.setdefault(want["client"], conn) == conn, want
         got = {k: (list(v) if isinstance(v, tuple) else v) for k, v in rec.items()}
         exp = {k: v for k, v in want.items() if k not in ("seq", "client")}
+        for k, v in exp.items():
+            if isinstance(v, Chosen):
+                value = got.get(k)
+                assert isinstance(value, str) and re.fullmatch(v.pattern, value), (want, value)
+                assert chosen.setdefault(v.name, value) == value, (want, value)
+                exp[k] = value
         if "body" in exp:
             exp["body"] = exp["body"].encode()
         assert got == exp, (got, exp)
-    return spans
+    return spans, chosen
 
 
 def sha256(path: Path) -> str:
@@ -655,7 +714,8 @@ def build(out: Path, work: Path) -> None:
     out.mkdir(parents=True)
     log_only = out / "log-only"
     shutil.copytree(data, log_only)
-    spans = check_log(log_only / "aof", m)
+    spans, chosen = check_log(log_only / "aof", m)
+    assert chosen == m.live, (chosen, m.live)  # the files and the live server agree
     assert len(spans) >= 3, "expected several segments"
     assert spans[-1][2] >= spans[-1][1], "the last segment should hold records"
 
@@ -689,13 +749,19 @@ def build(out: Path, work: Path) -> None:
                  "the snapshot holds. Times are relative: {seq, plus_seconds} means the `time` "
                  "of the record with that seq plus that many seconds, in ns. Bodies are the "
                  "UTF-8 encoding of `body`. `client` labels a connection; its conn id is "
-                 "whatever the server gave it. `files`: SHA-256 of every fixture file.",
+                 "whatever the server gave it. `history` (NewEpoch records, `epochs` of a "
+                 "state) is the random id the server picked: the model knows only its form "
+                 "(`chosen`: a regular expression per field); the value here was read from "
+                 "the segments after the session and matched what the live server reported "
+                 "in stats. `files`: SHA-256 of every fixture file.",
+        "chosen": {"new-epoch.history": HISTORY_PATTERN},
         "data_dirs": dirs,
         "files": files,
         "state": m.expected_state(),
         "snapshot_state": m.history[snap_seq],
         "records": m.records,
     }
+    expected = resolve(expected, chosen)
     (out / "expected.json").write_text(json.dumps(expected, indent=1, ensure_ascii=True) + "\n")
 
 
