@@ -291,33 +291,38 @@ async def serve(cfg: ServeConfig) -> None:
             lp.log(r.NewEpoch, 1, new_history())
         lp.log(r.Restart)  # connections of an earlier run are gone
         await journal.commit()
-    listeners = await open_listeners(cfg.addr, cfg.port)
-    if cfg.user:
-        _drop_privileges(cfg.user)
-    where = cfg.addr if cfg.addr.startswith("unix:") else f"{cfg.addr}:{cfg.port}"
-    log.info("smallstalk %s listening on %s (fsync %s%s)", VERSION, where,
-             cfg.fsync if journal else "n/a, in memory",
-             f", replica of {cfg.replica_of[0]}:{cfg.replica_of[1]}" if cfg.replica_of else "")
     try:
         async with trio.open_nursery() as nursery:
+            # Signals first: a SIGUSR1 or SIGTERM right after the port opens must
+            # be handled, not kill the process.
+            await nursery.start(_signals, nursery.cancel_scope, lp)
+            listeners = await open_listeners(cfg.addr, cfg.port)
+            if cfg.user:
+                _drop_privileges(cfg.user)
+            where = cfg.addr if cfg.addr.startswith("unix:") else f"{cfg.addr}:{cfg.port}"
+            log.info("smallstalk %s listening on %s (fsync %s%s)", VERSION, where,
+                     cfg.fsync if journal else "n/a, in memory",
+                     f", replica of {cfg.replica_of[0]}:{cfg.replica_of[1]}"
+                     if cfg.replica_of else "")
             nursery.start_soon(lp.run)
             nursery.start_soon(serve_listeners, lp, listeners, cfg.max_job_size)
-            nursery.start_soon(_signals, nursery.cancel_scope, lp)
             if follower is not None:
                 nursery.start_soon(follower.run)
             if journal is not None and cfg.compact:
                 nursery.start_soon(compactor.run, journal, cfg.data_dir, cfg.compact_interval,
                                    cfg.compact_segments,
                                    compactor.retention(cfg.keep_hours, cfg.keep_bytes))
-                if cfg.fsync == FSYNC_INTERVAL:
-                    nursery.start_soon(journal.run_interval_sync)
+            if journal is not None and cfg.fsync == FSYNC_INTERVAL:
+                nursery.start_soon(journal.run_interval_sync)
     finally:
         if journal is not None:
             journal.close()
 
 
-async def _signals(scope: trio.CancelScope, lp: MutationLoop) -> None:
+async def _signals(scope: trio.CancelScope, lp: MutationLoop,
+                   *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGUSR1) as sigs:
+        task_status.started()
         async for sig in sigs:
             if sig == signal.SIGUSR1:
                 lp.draining = True

@@ -213,13 +213,13 @@ def _yaml_list(body: bytes) -> list[str]:
     return out
 
 
-_S = TypeVar("_S")
+_S = TypeVar("_S", "JobStats", "TubeStats", "ServerStats")
 
 
 def _from_yaml(cls: type[_S], body: bytes) -> _S:
     """Fill an attrs stats class: keys with '-' become '_', values take the
     type of the field's default; keys the class does not know go to `extra`."""
-    fields = {f.name: f for f in attrs.fields(cls)}  # type: ignore[misc]
+    fields = {f.name: f for f in attrs.fields(cls)}
     kwargs: dict[str, Any] = {}
     extra: dict[str, str] = {}
     for key, raw in _yaml_map(body).items():
@@ -371,7 +371,7 @@ class ReplyReader:
         self._buf = bytearray()
         self._head: tuple[bytes, tuple[bytes, ...], int] | None = None
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         self._buf += data
 
     def buffered(self) -> int:
@@ -867,7 +867,7 @@ class _Core:
             kicked = self._results(i, cmds, at, replies)
             total += kicked
             left -= kicked
-        if not reached and last is not None and total == 0:
+        if not reached and last is not None:
             raise last
         return total
 

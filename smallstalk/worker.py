@@ -575,7 +575,11 @@ class Worker:
             except TimedOut:
                 return None
             self.selector.woke()
-            return job, None
+            # Which tube woke us, for the logs (the busy path knows it already).
+            try:
+                return job, (await client.stats_job(job)).tube
+            except NotFound:
+                return job, None
         try:
             job = await client.reserve(0, tubes=[tube])
         except TimedOut:
@@ -738,7 +742,6 @@ def main(argv: list[str] | None = None) -> int:
         args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as e:
         return int(e.code or 0)
-    setup_logging(args.log_format, logging.DEBUG if args.verbose else logging.INFO)
     try:
         app = load_app(args.app)
         worker = Worker(app, args.tubes, servers=args.servers, concurrency=args.concurrency,
@@ -746,5 +749,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ImportError, ValueError) as e:
         print(f"smallstalk worker: {e}", file=sys.stderr)
         return 2
+    setup_logging(args.log_format, logging.DEBUG if args.verbose else logging.INFO)
     trio.run(_run_until_signalled, worker)
     return 0

@@ -1,0 +1,609 @@
+"""Tasks and the worker: the reduced lottery as pure functions on a seeded RNG,
+publishing against a real server, and `python -m smallstalk worker` as a real
+process against smallstalk and beanstalkd (killed mid-task, frozen past its
+TTR, failing into bury, stopped with SIGTERM), plus the README example run as
+written.
+
+Tasks in tests/worker_app.py report by putting "<event>:<tag>" into the tube
+"results", so every wait here is a bounded reserve or a bounded poll.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+from smallstalk import worker as worker_module
+from smallstalk.client import Client, NotFound, TimedOut
+from smallstalk.worker import (
+    App,
+    BadPayload,
+    TubeSelector,
+    backoff_delay,
+    decode_call,
+    encode_call,
+    parse_tubes,
+    pick_tube,
+    time_limit,
+)
+
+from .procs import REPO, Server, beanstalkd_path, start_beanstalkd, start_smallstalk
+
+needs_beanstalkd = pytest.mark.skipif(beanstalkd_path() is None,
+                                      reason="beanstalkd is not installed")
+SERVER_KINDS = ["smallstalk", pytest.param("beanstalkd", marks=needs_beanstalkd)]
+
+
+# --- the reduced lottery (pure, seeded) -------------------------------------
+
+
+WEIGHTS = parse_tubes("high,default,low")
+
+
+def test_parse_tubes() -> None:
+    assert WEIGHTS == {"high": 3.0, "default": 2.0, "low": 1.0}
+    assert parse_tubes("a:6, b:0.5") == {"a": 6.0, "b": 0.5}
+    assert parse_tubes(["x"]) == {"x": 1.0}
+    for bad in ("", "a,a", "a:0", "a:-1", "a:x"):
+        with pytest.raises(ValueError):
+            parse_tubes(bad)
+
+
+def test_pick_tube_is_deterministic_for_a_seed() -> None:
+    first = [pick_tube(WEIGHTS, (), random.Random(7)) for _ in range(3)]
+    assert len(set(first)) == 1  # same seed, same first draw
+    a, b = random.Random(42), random.Random(42)
+    seq = [pick_tube(WEIGHTS, (), a) for _ in range(200)]
+    assert seq == [pick_tube(WEIGHTS, (), b) for _ in range(200)]
+    assert set(seq) == set(WEIGHTS)
+
+
+def test_pick_tube_follows_the_weights_and_skips_the_excluded() -> None:
+    rng = random.Random(1)
+    counts = Counter(pick_tube(WEIGHTS, (), rng) for _ in range(6000))
+    for tube, weight in WEIGHTS.items():
+        assert abs(counts[tube] / 6000 - weight / 6) < 0.03, counts
+    counts = Counter(pick_tube(WEIGHTS, {"high"}, rng) for _ in range(3000))
+    assert set(counts) == {"default", "low"}
+    assert abs(counts["low"] / 3000 - 1 / 3) < 0.04
+    assert pick_tube(WEIGHTS, {"high", "default", "low"}, rng) is None
+    assert pick_tube({}, (), rng) is None
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_selector_forgets_empty_tubes_after_recheck() -> None:
+    clock = FakeClock()
+    sel = TubeSelector(WEIGHTS, random.Random(3), recheck=1.0, clock=clock)
+    sel.saw_empty("high")
+    assert all(sel.choose() != "high" for _ in range(200))
+    clock.now = 0.99
+    assert "high" in sel.empty()
+    clock.now = 1.0
+    assert sel.empty() == set()
+    sel.saw_empty("high")
+    sel.saw_empty("default")
+    sel.saw_empty("low")
+    assert sel.choose() is None  # everything empty: the worker blocks on all tubes
+    sel.woke()
+    assert sel.choose() is not None
+
+
+def simulate(ready: dict[str, int], rounds: int, seed: int = 5,
+             arrivals: Callable[[int], dict[str, int]] | None = None) -> dict[str, Any]:
+    """The worker's reserve loop against counters instead of a server: 10 ms
+    per poll and per job; when every tube is empty it blocks (one round = 1 s)
+    until a job arrives anywhere, as `reserve` without timeout does."""
+    clock = FakeClock()
+    sel = TubeSelector(WEIGHTS, random.Random(seed), recheck=1.0, clock=clock)
+    polls: Counter[str] = Counter()
+    served: list[str] = []
+    blocked_rounds = 0
+    blocked = False
+    for n in range(rounds):
+        for tube, more in (arrivals(n) if arrivals else {}).items():
+            ready[tube] += more
+        if blocked:
+            busy = [t for t in WEIGHTS if ready[t]]
+            if not busy:
+                blocked_rounds += 1
+                clock.now += 1.0
+                continue
+            ready[busy[0]] -= 1  # the blocking reserve returns the first job anywhere
+            served.append(busy[0])
+            blocked = False
+            sel.woke()
+            continue
+        tube = sel.choose()
+        clock.now += 0.01
+        if tube is None:
+            blocked = True
+            continue
+        polls[tube] += 1
+        if ready[tube]:
+            ready[tube] -= 1
+            served.append(tube)
+            sel.saw_work(tube)
+            clock.now += 0.01
+        else:
+            sel.saw_empty(tube)
+    return {"polls": polls, "served": Counter(served), "blocked_rounds": blocked_rounds,
+            "elapsed": clock.now}
+
+
+def test_lottery_prefers_busy_high_tubes_without_starving_low_ones() -> None:
+    result = simulate({"high": 10_000, "default": 10_000, "low": 10_000}, 3000)
+    served = result["served"]
+    assert served["high"] > served["default"] > served["low"] > 0.1 * 3000
+    assert abs(served["high"] / 3000 - 0.5) < 0.05  # weight 3 of 6
+
+
+def test_lottery_does_not_hammer_empty_tubes() -> None:
+    result = simulate({"high": 0, "default": 10_000, "low": 10_000}, 3000)
+    # The empty tube is polled about once per recheck interval, not at every reserve.
+    assert result["polls"]["high"] <= result["elapsed"] / 1.0 + 2
+    assert result["served"]["low"] > 0.25 * 3000  # 1 of default+low's 3
+
+
+def test_lottery_blocks_when_everything_is_empty_and_wakes_for_work() -> None:
+    # Nothing at all: one poll per tube, then a single blocking reserve.
+    result = simulate({"high": 0, "default": 0, "low": 0}, 100)
+    assert result["polls"] == {"high": 1, "default": 1, "low": 1}
+    assert result["blocked_rounds"] == 100 - 4
+    # A burst in "high" while blocked: the blocking reserve takes the first
+    # job, then the lottery draws from every tube again at once.
+    result = simulate({"high": 0, "default": 0, "low": 0}, 200,
+                      arrivals=lambda n: {"high": 20} if n == 100 else {})
+    assert result["served"]["high"] == 20
+    assert result["polls"]["high"] >= 20
+
+
+def test_backoff_and_time_limit() -> None:
+    assert [backoff_delay(1.0, n, 3600) for n in (1, 2, 3, 4)] == [1, 2, 4, 8]
+    assert backoff_delay(5, 30, 3600) == 3600
+    assert backoff_delay(0, 3, 3600) == 0
+    assert backoff_delay(0.25, 1, 10) == 1  # whole seconds, rounded up
+    assert time_limit(60) == 59 and time_limit(1) == 0.5
+
+
+# --- tasks and publishing ------------------------------------------------------
+
+
+def test_payload_round_trip_and_rejects() -> None:
+    body = encode_call("m.f", (1, "two", b"3"), {"k": [4.5]})
+    assert decode_call(body) == ("m.f", [1, "two", b"3"], {"k": [4.5]})
+    for bad in (b"\xff\xfe", b"plain text", encode_call("f", (), {})[:-1],
+                bytes.fromhex("a1617601")):  # CBOR {"v": 1} without the rest
+        with pytest.raises(BadPayload):
+            decode_call(bad)
+
+
+def test_task_registration() -> None:
+    app = App("127.0.0.1:1")
+
+    @app.task
+    def plain(x: int) -> int:
+        """Doubles."""
+        return 2 * x
+
+    @app.task(name="custom", tube="high", priority=5, ttr=9, retries=0)
+    async def fancy() -> None:
+        pass
+
+    assert plain(21) == 42 and plain.__doc__ == "Doubles." and plain.__name__ == "plain"
+    assert plain.name == "tests.test_worker.test_task_registration.<locals>.plain"
+    assert (fancy.name, fancy.tube, fancy.priority, fancy.ttr, fancy.is_async) == (
+        "custom", "high", 5, 9, True)
+    assert app.tubes() == ["default", "high"]
+    later = fancy.options(delay=30, tube="low")
+    assert (later.delay, later.tube, fancy.delay, fancy.tube) == (30, "low", 0, "high")
+    with pytest.raises(ValueError):
+        app.task(name="custom")(lambda: None)
+    with pytest.raises(ValueError):
+        app.task(ttr=0)(lambda: None)
+
+
+def test_task_names_from_a_script_match_the_module(tmp_path: Path) -> None:
+    """`python tasks.py` names tasks "tasks.x", as the worker importing tasks does."""
+    (tmp_path / "tasks.py").write_text(
+        "from smallstalk.worker import App\napp = App('127.0.0.1:1')\n"
+        "@app.task\ndef x(): pass\nprint(x.name)\n")
+    out = subprocess.run([sys.executable, "tasks.py"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=30, env=env_with_repo())
+    assert out.stdout.strip() == "tasks.x", out.stderr
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> Iterator[Server]:
+    srv = start_smallstalk(tmp_path_factory.mktemp("publish"))
+    yield srv
+    srv.stop()
+
+
+def test_publish_puts_a_cbor_call_with_the_task_options(shared: Server) -> None:
+    addr = f"127.0.0.1:{shared.port}"
+    app = App(addr)
+
+    @app.task(name="resize", tube="images", priority=7, ttr=45)
+    def resize(path: str, width: int = 100) -> None:
+        pass
+
+    ref = resize.publish("a.png", width=200)
+    later = resize.options(delay=300, priority=1).publish("b.png")
+    with Client(addr) as c:
+        job = c.peek(ref)
+        assert decode_call(job.body) == ("resize", ["a.png"], {"width": 200})
+        st = c.stats_job(ref)
+        assert (st.tube, st.pri, st.ttr, st.state) == ("images", 7, 45, "ready")
+        st = c.stats_job(later)
+        assert (st.state, st.pri, st.delay) == ("delayed", 1, 300)
+
+        async def from_trio() -> None:
+            ref = await resize.apublish("c.png")
+            assert decode_call(c.peek(ref).body)[1] == ["c.png"]
+
+        trio.run(from_trio)
+    app.close()
+
+
+# --- the worker as a process -----------------------------------------------------
+
+
+def env_with_repo(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+@attrs.define
+class WorkerProc:
+    proc: subprocess.Popen
+    stderr: Path
+    stdout: Path
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.stderr.read_text().splitlines():
+            if line.startswith("{"):
+                out.append(json.loads(line))
+        return out
+
+    def named(self, event: str) -> list[dict[str, Any]]:
+        return [e for e in self.events() if e["event"] == event]
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def wait(self, timeout: float = 15.0) -> int:
+        return self.proc.wait(timeout=timeout)
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProc]]:
+    started: list[WorkerProc] = []
+
+    def start(addr: str, *args: str, app: str = "tests.worker_app:app",
+              cwd: Path = REPO, cmd: list[str] | None = None) -> WorkerProc:
+        n = len(started)
+        err, out = tmp_path / f"worker{n}.err", tmp_path / f"worker{n}.out"
+        cmd = cmd or [sys.executable, "-m", "smallstalk", "worker", app, *args]
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=open(out, "wb"), stderr=open(err, "wb"),
+                                env=env_with_repo(SMALLSTALK_SERVERS=addr))
+        started.append(WorkerProc(proc, err, out))
+        return started[-1]
+
+    yield start
+    for w in started:
+        if w.proc.poll() is None:
+            os.kill(w.proc.pid, signal.SIGCONT)
+            os.kill(w.proc.pid, signal.SIGKILL)
+            w.proc.wait(timeout=10)
+
+
+@pytest.fixture(params=SERVER_KINDS)
+def server(request, tmp_path: Path) -> Iterator[Server]:
+    """A fresh server per test: worker tests share tube names."""
+    srv = start_smallstalk(tmp_path) if request.param == "smallstalk" else \
+        start_beanstalkd(tmp_path)
+    yield srv
+    srv.kill()
+
+
+@pytest.fixture
+def smallstalk(tmp_path: Path) -> Iterator[Server]:
+    srv = start_smallstalk(tmp_path)
+    yield srv
+    srv.kill()
+
+
+def addr_of(srv: Server) -> str:
+    return f"127.0.0.1:{srv.port}"
+
+
+def publish(c: Client, task_name: str, *args: Any, tube: str = "default", ttr: int = 60,
+            **kwargs: Any) -> Any:
+    return c.put(encode_call(f"tests.worker_app.{task_name}", args, kwargs), ttr=ttr,
+                 tube=tube)
+
+
+def results(c: Client, count: int, timeout: float = 15.0, tube: str = "results") -> list[str]:
+    """The next `count` reports, in order, waiting at most `timeout` in all."""
+    deadline = time.monotonic() + timeout
+    out = []
+    while len(out) < count:
+        left = deadline - time.monotonic()
+        try:
+            job = c.reserve(timeout=max(left, 0), tubes=[tube])
+        except TimedOut:
+            raise AssertionError(f"only {out} of {count} reports within {timeout}s") from None
+        c.delete(job)
+        out.append(job.body.decode())
+    return out
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while not (result := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+    return result
+
+
+def test_worker_runs_tasks_by_tube_and_logs_json(server: Server, workers) -> None:
+    with Client(addr_of(server)) as c:
+        refs = [publish(c, "echo", t) for t in "abc"]
+        refs += [publish(c, "echo_high", "h", tube="high"), publish(c, "echo_low", "l",
+                                                                     tube="low")]
+        w = workers(addr_of(server), "--tubes", "high,default,low", "-c", "2")
+        assert sorted(results(c, 5)) == ["done:a", "done:b", "done:c", "done:h", "done:l"]
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0
+        for ref in refs:
+            with pytest.raises(NotFound):
+                c.stats_job(ref)
+    done = w.named("job.done")
+    assert sorted((e["job"], e["tube"]) for e in done) == sorted(
+        [(r.id, "default") for r in refs[:3]] + [(refs[3].id, "high"), (refs[4].id, "low")])
+    assert all(e["server"] == addr_of(server) and e["ms"] >= 0 and e["level"] == "info"
+               for e in done)
+    start, = w.named("worker.start")
+    assert start["tubes"] == {"high": 3.0, "default": 2.0, "low": 1.0}
+    assert w.named("worker.stopped")[0]["done"] == 5
+
+
+def test_killed_worker_job_comes_back_on_disconnect(server: Server, workers) -> None:
+    with Client(addr_of(server)) as c:
+        ref = publish(c, "hang", "k")
+        w = workers(addr_of(server))
+        assert results(c, 1) == ["started:k"]
+        assert c.stats_job(ref).state == "reserved"
+        w.signal(signal.SIGKILL)
+        w.wait()
+        job = c.reserve(timeout=5, tubes=["default"])  # back at once: the connection closed
+        assert job.id == ref.id
+        st = c.stats_job(job)
+        assert (st.reserves, st.releases, st.timeouts) == (2, 0, 0)
+
+
+def test_frozen_worker_job_comes_back_after_ttr(server: Server, workers) -> None:
+    """SIGSTOP: the worker keeps its connection but does nothing; the TTR (2 s) runs out."""
+    with Client(addr_of(server)) as c:
+        ref = publish(c, "too_slow", "f", ttr=2)
+        w = workers(addr_of(server))
+        assert results(c, 1) == ["started:f"]
+        w.signal(signal.SIGSTOP)
+        started = time.monotonic()
+        job = c.reserve(timeout=6, tubes=["default"])
+        assert job.id == ref.id and time.monotonic() - started < 4
+        assert c.stats_job(job).timeouts == 1
+        w.signal(signal.SIGKILL)
+        w.signal(signal.SIGCONT)
+        w.wait()
+
+
+def test_retries_with_backoff_then_bury_with_the_error_recorded(server: Server,
+                                                                 workers) -> None:
+    with Client(addr_of(server)) as c:
+        failing = publish(c, "always_fails", "r")
+        garbage = c.put(b"not a task", tube="default")
+        unknown = c.put(encode_call("tests.worker_app.nope", (), {}), tube="default")
+        w = workers(addr_of(server))
+        # retries=2: three attempts, one and then two seconds apart.
+        assert results(c, 3, timeout=20) == ["attempt:r"] * 3
+        records = [json.loads(r) for r in results(c, 3, timeout=10, tube="default.errors")]
+        by_job = {r["job"]: r for r in records}
+        assert set(by_job) == {failing.id, garbage.id, unknown.id}
+        rec = by_job[failing.id]
+        assert rec["error"] == "ValueError: boom r" and rec["attempts"] == 3
+        assert rec["task"] == "tests.worker_app.always_fails" and rec["tube"] == "default"
+        assert rec["server"] == addr_of(server) and "raise ValueError" in rec["traceback"]
+        assert by_job[garbage.id]["error"].startswith("BadPayload")
+        assert by_job[unknown.id]["error"].startswith("UnknownTask")
+        st = c.stats_job(failing)
+        assert (st.state, st.releases, st.buries, st.reserves) == ("buried", 2, 1, 3)
+        for ref in (garbage, unknown):  # never retried
+            st = c.stats_job(ref)
+            assert (st.state, st.releases) == ("buried", 0)
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0
+    retries = w.named("job.retry")
+    assert [(e["attempt"], e["delay"]) for e in retries] == [(1, 1), (2, 2)]
+    buried = {e["job"]: e for e in w.named("job.buried")}
+    assert buried[failing.id]["error_tube"] == "default.errors"
+    assert buried[failing.id]["level"] == "error" and "traceback" in buried[failing.id]
+
+
+def test_sigterm_lets_the_running_job_finish(server: Server, workers) -> None:
+    with Client(addr_of(server)) as c:
+        ref = publish(c, "slow", "g", 1.0)
+        w = workers(addr_of(server))
+        assert results(c, 1) == ["started:g"]
+        w.signal(signal.SIGTERM)
+        assert results(c, 1) == ["done:g"]
+        assert w.wait() == 0
+        with pytest.raises(NotFound):
+            c.stats_job(ref)
+    events = [e["event"] for e in w.events()]
+    assert events.index("worker.stopping") < events.index("job.done") < events.index(
+        "worker.stopped")
+
+
+def test_grace_expiry_hands_the_job_back_without_counting_a_failure(smallstalk: Server,
+                                                                    workers) -> None:
+    with Client(addr_of(smallstalk)) as c:
+        ref = publish(c, "slow", "h", 60.0)
+        w = workers(addr_of(smallstalk), "--grace", "0.3")
+        assert results(c, 1) == ["started:h"]
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0
+        wait_until(lambda: c.stats_job(ref).state == "ready", what="the job back in ready")
+        st = c.stats_job(ref)
+        assert (st.releases, st.timeouts) == (0, 0)
+    assert w.named("job.handed_back")[0]["job"] == ref.id
+
+
+def test_second_signal_stops_at_once(smallstalk: Server, workers) -> None:
+    with Client(addr_of(smallstalk)) as c:
+        ref = publish(c, "slow", "i", 60.0)
+        w = workers(addr_of(smallstalk), "--grace", "60")
+        assert results(c, 1) == ["started:i"]
+        w.signal(signal.SIGINT)
+        wait_until(lambda: w.named("worker.stopping"), what="worker.stopping")
+        w.signal(signal.SIGINT)
+        assert w.wait(timeout=10) == 0
+        wait_until(lambda: c.stats_job(ref).state == "ready", what="the job back in ready")
+
+
+def test_concurrent_jobs_in_one_process(smallstalk: Server, workers) -> None:
+    with Client(addr_of(smallstalk)) as c:
+        for tag in "abc":
+            publish(c, "gate", tag)
+        w = workers(addr_of(smallstalk), "-c", "3")
+        # All three run at once: each waits for its gate before finishing.
+        assert sorted(results(c, 3)) == ["started:a", "started:b", "started:c"]
+        for tag in "abc":
+            c.put(b"go", tube=f"gate-{tag}")
+        assert sorted(results(c, 3)) == ["done:a", "done:b", "done:c"]
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0
+
+
+def test_touch_keeps_long_tasks_past_their_ttr(smallstalk: Server, workers) -> None:
+    """ttr=2, running 2.5 s: without touches the async task would hit its time
+    limit and the sync one would lose its job to the TTR."""
+    with Client(addr_of(smallstalk)) as c:
+        refs = [publish(c, "long_async", "a", 2.5, ttr=2),
+                publish(c, "long_sync", "s", 2.5, ttr=2)]
+        w = workers(addr_of(smallstalk), "-c", "2")
+        assert sorted(results(c, 2)) == ["done:a", "done:s"]
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0
+    assert sorted(e["job"] for e in w.named("job.done")) == sorted(r.id for r in refs)
+    assert not w.named("job.lost") and not w.named("job.retry")
+
+
+@needs_beanstalkd
+def test_worker_over_two_servers(smallstalk: Server, workers, tmp_path: Path) -> None:
+    """Producers spread jobs over two servers that do not know each other; one
+    worker process serves both, busy or idle."""
+    other = start_beanstalkd(tmp_path)
+    try:
+        both = [addr_of(smallstalk), addr_of(other)]
+        with Client(both) as c:
+            refs = [publish(c, "echo", str(n)) for n in range(4)]
+            assert {r.server for r in refs} == set(both)
+            w = workers(",".join(both), "-c", "2")
+            assert sorted(results(c, 4)) == [f"done:{n}" for n in range(4)]
+            # Now idle (blocked on a reserve); new work on either server wakes it.
+            for server in both:
+                publish_to = Client(server)
+                publish(publish_to, "echo", f"late-{server}")
+                publish_to.close()
+            assert sorted(results(c, 2)) == sorted(f"done:late-{s}" for s in both)
+            w.signal(signal.SIGTERM)
+            assert w.wait() == 0
+        assert {e["server"] for e in w.named("job.done")} == set(both)
+    finally:
+        other.kill()
+
+
+def test_bad_arguments(capsys) -> None:
+    for args in (["nosuchmodule:app"], ["tests.worker_app:RESULTS"], ["x:app", "--tubes", "a:0"],
+                 ["tests.worker_app:app", "--tubes", "a:0"], ["tests.worker_app:app", "-c", "0"],
+                 ["--no-such-flag"]):
+        assert worker_module.main(args) == 2, args
+    assert "smallstalk worker" in capsys.readouterr().err
+
+
+# --- the README example, as written --------------------------------------------
+
+
+def readme_blocks() -> dict[str, str]:
+    """The example between `<!-- example -->` markers (README.md once merged
+    there, else docs/CLIENT.md): ```python blocks whose first line is
+    `# <file>`, and the ```console block of commands."""
+    readme = REPO / "README.md"
+    text = readme.read_text() if readme.exists() else ""
+    if "<!-- example -->" not in text:
+        text = (REPO / "docs" / "CLIENT.md").read_text()
+    example = text[text.index("<!-- example -->"):text.index("<!-- /example -->")]
+    blocks = {}
+    for lang, body in re.findall(r"```(\w+)\n(.*?)```", example, re.S):
+        if lang == "python":
+            first, _, _ = body.partition("\n")
+            blocks[first.removeprefix("# ").strip()] = body
+        elif lang == "console":
+            blocks["console"] = body
+    return blocks
+
+
+def test_readme_example_is_ten_lines_and_works_as_written(smallstalk: Server, workers,
+                                                          tmp_path: Path) -> None:
+    blocks = readme_blocks()
+    code = [line for name in ("tasks.py", "produce.py") for line in blocks[name].splitlines()
+            if line.strip() and not line.startswith("#")]
+    assert len(code) <= 10, code
+    for name in ("tasks.py", "produce.py"):
+        (tmp_path / name).write_text(blocks[name])
+    commands = [line[2:] for line in blocks["console"].splitlines() if line.startswith("$ ")]
+    worker_cmd, producer_cmd = commands
+    assert worker_cmd.startswith("smallstalk worker ") and producer_cmd == "python produce.py"
+    bin_dir = Path(sys.executable).parent
+    env = env_with_repo(SMALLSTALK_SERVERS=addr_of(smallstalk))
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    producer = subprocess.run(producer_cmd.split(), cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=30)
+    assert producer.returncode == 0, producer.stderr
+    smallstalk_bin = bin_dir / "smallstalk"
+    argv = worker_cmd.split()
+    w = workers(addr_of(smallstalk), cwd=tmp_path,
+                cmd=[str(smallstalk_bin) if smallstalk_bin.exists() else sys.executable,
+                     *([] if smallstalk_bin.exists() else ["-m", "smallstalk"]), *argv[1:]])
+    wait_until(lambda: "hello, world" in w.stdout.read_text(), timeout=15,
+               what="the task's output")
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0
+    assert w.named("job.done")
