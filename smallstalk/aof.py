@@ -116,11 +116,14 @@ def read_frames(data: bytes, start: int = HEADER_SIZE) -> Iterator[tuple[int, by
     yield FrameScan(pos, n)
 
 
-def later_good_frame(data: bytes, after: int) -> int | None:
-    """Offset of a checksummed frame somewhere after `after`, if any.
+def later_good_frame(data: bytes, after: int, last_seq: int = -1) -> int | None:
+    """Offset of a run of valid records after `after` that continues the log, if any.
 
     Tells a torn tail (nothing valid follows) from damage in the middle of a
     file (valid records follow, so truncating would drop acknowledged data).
+    A candidate counts only if, from it, frames check out all the way to the
+    end of the file with consecutive seqs above `last_seq`: bytes inside a job
+    body that happen to look like a frame do not.
     """
     n = len(data)
     unpack = FRAME.unpack_from
@@ -128,13 +131,24 @@ def later_good_frame(data: bytes, after: int) -> int | None:
         length, crc = unpack(data, pos)
         if 0 < length <= n - pos - FRAME.size:
             payload = data[pos + FRAME.size:pos + FRAME.size + length]
-            if zlib.crc32(payload) == crc:
-                try:
-                    records.decode(payload)
-                except records.DecodeError:
-                    continue
+            if zlib.crc32(payload) == crc and _continues(data, pos, last_seq):
                 return pos
     return None
+
+
+def _continues(data: bytes, start: int, last_seq: int) -> bool:
+    prev = None
+    for entry in read_frames(data, start):
+        if isinstance(entry, FrameScan):
+            return entry.clean and prev is not None
+        try:
+            rec = records.decode(entry[1])
+        except records.DecodeError:
+            return False
+        if rec.seq <= last_seq or (prev is not None and rec.seq != prev + 1):
+            return False
+        prev = rec.seq
+    return False
 
 
 def fsync_dir(path: Path) -> None:
@@ -167,6 +181,7 @@ class SegmentWriter:
         self.pending = bytearray()
         self.pending_records = 0
         self.pending_last_seq = self.last_seq
+        self.needs_cut = False  # a failed write may have left bytes past self.size
 
     def append(self, payload: bytes, seq: int) -> None:
         self.pending += frame(payload)
@@ -178,6 +193,10 @@ class SegmentWriter:
         if not self.pending:
             return
         data = bytes(self.pending)
+        if self.needs_cut:
+            # O_APPEND writes land at the end of the file: never after a stale partial frame.
+            os.ftruncate(self.fd, self.size)
+            self.needs_cut = False
         try:
             written = 0
             while written < len(data):
@@ -201,11 +220,15 @@ class SegmentWriter:
 
     def _cut_back(self) -> None:
         # A partial write must not stay behind the records we acknowledge next.
+        self.needs_cut = True
         os.ftruncate(self.fd, self.size)
+        self.needs_cut = False
 
     def cut_back_to(self, size: int, records_: int, last_seq: int) -> None:
-        os.ftruncate(self.fd, size)
         self.size, self.records, self.last_seq = size, records_, last_seq
+        self.needs_cut = True
+        os.ftruncate(self.fd, size)
+        self.needs_cut = False
 
     def close(self) -> None:
         os.close(self.fd)

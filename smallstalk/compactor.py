@@ -139,7 +139,12 @@ async def run(journal, data_dir: Path, interval: float, max_closed: int = 4,
             await trio.sleep(interval)
             continue
         snap = Path(result.stdout.decode().strip())
-        removed = remove_folded(data_dir, snap, keep)
+        try:
+            removed = remove_folded(data_dir, snap, keep)
+        except OSError:
+            log.exception("could not delete the segments folded into %s", snap.name)
+            await trio.sleep(interval)
+            continue
         log.info("compacted %d segments into %s in %.2fs", removed, snap.name,
                  time.monotonic() - started)
 

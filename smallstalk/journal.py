@@ -136,7 +136,11 @@ class Journal:
         self.committed_seq = last
         self.records_written += count
         if seg.records >= self.segment_records or seg.size >= self.segment_bytes:
-            await self.rotate()
+            try:
+                await self.rotate()
+            except JournalError:
+                # The batch is durable already: keep appending to this segment, retry later.
+                log.exception("rotation failed; staying on %s", seg.path)
 
     async def rotate(self) -> None:
         """Close the open segment (durably) and start the next one."""
@@ -145,10 +149,10 @@ class Journal:
             return
         try:
             await trio.to_thread.run_sync(old.sync)
-            old.close()
-            self._open_segment()
+            self._open_segment()  # on failure self.segment is still `old`, open
         except OSError as e:
             raise JournalError(f"rotating {old.path}: {e}") from e
+        old.close()
         self._dirty = False
         self.rotated.set()
         self.rotated = trio.Event()

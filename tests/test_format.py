@@ -622,10 +622,18 @@ def test_bad_frame_followed_by_a_good_one_is_an_error(vdir: Path, tmp_path: Path
     _first, frames = walk_frames(last, aof.SEGMENT_MAGIC, fx.version)
     offset, payload = frames[-1]
     bad = struct.pack("<II", 5, 0) + b"xxxxx"
-    last.write_bytes(good + bad + good[offset:])  # a copy of the last good frame after it
+    # A record that continues the log after the damage: acknowledged data
+    # would be lost by cutting there, so it is an error.
+    rec = records.decode(payload)
+    later = attrs.evolve(rec, seq=rec.seq + 2)
+    last.write_bytes(good + bad + aof.frame(records.encode(later)))
     with pytest.raises(aof.CorruptionError) as info:
         recovery.recover(data, repair=False)
     assert (info.value.path, info.value.offset) == (last, len(good))
+    # A stale copy of an earlier frame does not continue the log: a torn tail.
+    last.write_bytes(good + bad + good[offset:])
+    result = recovery.recover(data, repair=False)
+    assert result.warnings and "torn write" in result.warnings[0]
 
 
 @pytest.mark.parametrize("vdir", PARAMS)
