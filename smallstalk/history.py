@@ -412,7 +412,8 @@ def iter_records(
                 try:
                     f = open(seg.path, "rb")  # noqa: SIM115
                 except FileNotFoundError:
-                    raise CorruptionError(seg.path, 0, expected and expected - 1,
+                    after = expected - 1 if expected is not None else None
+                    raise CorruptionError(seg.path, 0, after,
                                           "segment disappeared while reading (a compaction "
                                           "folded it meanwhile); run the command again") from None
             reader = SegmentReader(seg.path, f, last=is_last)

@@ -145,6 +145,8 @@ class State:
             self.last_seq = rec.seq
             if rec.time > self.time:
                 self.time = rec.time
+            if not rec.seq & 0xFFFF:
+                self.compact_heaps()
         self._apply[type(rec)](rec)
 
     def _tube(self, name: str) -> Tube:
@@ -435,6 +437,30 @@ class State:
         del self.waiters[c.id]
         for name in c.watch:
             self.tubes[name].waiting.remove(c.id)
+
+    def compact_heaps(self) -> None:
+        """Drop stale heap entries once they outnumber live ones.
+
+        Heaps are cleaned lazily from the top, so entries of jobs that left a
+        state deep in a heap stay until reached; a replay of a long log (which
+        never pops) would otherwise grow them with history instead of with the
+        live jobs. Called every 65,536 records; it changes no answer.
+        """
+        jobs = self.jobs
+
+        def live(heap: list, st: int, count: int) -> list:
+            if len(heap) <= 2 * count + 1024:
+                return heap
+            kept = [e for e in heap
+                    if (j := jobs.get(e[1])) is not None and j.gen == e[2] and j.state == st]
+            heapq.heapify(kept)
+            return kept
+
+        self.ttr_heap = live(self.ttr_heap, RESERVED, self.reserved_n)
+        self.delay_heap = live(self.delay_heap, DELAYED, self.delayed_n)
+        for t in self.tubes.values():
+            t.ready = live(t.ready, READY, t.ready_n)
+            t.delayed = live(t.delayed, DELAYED, t.delayed_n)
 
     # --- queries --------------------------------------------------------------
 

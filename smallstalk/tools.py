@@ -55,24 +55,30 @@ class UsageError(Exception):
 # --- formatting ----------------------------------------------------------------------
 
 
-@attrs.frozen
+@attrs.define
 class Clock:
     """How times are shown: local time with its offset, or UTC with `Z`."""
 
     utc: bool = False
+    # The last second formatted (records come dense in time): (secs, text, zone).
+    _last: tuple[int, str, str] = attrs.field(default=(-1, "", ""), eq=False, repr=False)
 
     def fmt(self, ns: int | None) -> str:
         if ns is None:
             return "-"
         secs, rest = divmod(ns, NS)
-        if self.utc:
-            dt = datetime.fromtimestamp(secs, UTC)
-            zone = "Z"
-        else:
-            dt = datetime.fromtimestamp(secs).astimezone()
-            off = dt.strftime("%z")
-            zone = f"{off[:3]}:{off[3:]}"
-        return f"{dt:%Y-%m-%d %H:%M:%S}.{rest // 1_000_000:03d}{zone}"
+        last_secs, text, zone = self._last
+        if secs != last_secs:
+            if self.utc:
+                dt = datetime.fromtimestamp(secs, UTC)
+                zone = "Z"
+            else:
+                dt = datetime.fromtimestamp(secs).astimezone()
+                off = dt.strftime("%z")
+                zone = f"{off[:3]}:{off[3:]}"
+            text = f"{dt:%Y-%m-%d %H:%M:%S}"
+            self._last = (secs, text, zone)
+        return f"{text}.{rest // 1_000_000:03d}{zone}"
 
     @property
     def width(self) -> int:
@@ -131,6 +137,11 @@ def fmt_size(n: int) -> str:
 
 
 def escape(data: bytes) -> str:
+    """Bytes as printable ASCII: `\\"`, `\\\\`, `\\r`, `\\n`, `\\t`, else `\\xNN`."""
+    if data.isascii():
+        text = data.decode("ascii")
+        if text.isprintable() and '"' not in text and "\\" not in text:
+            return text  # the common case, fast
     out = []
     for b in data:
         if b == 0x22 or b == 0x5C:
@@ -265,8 +276,11 @@ def _json_default(value: object) -> object:
     raise TypeError(f"not JSON: {value!r}")
 
 
+_ENCODER = json.JSONEncoder(default=_json_default, separators=(",", ":"))
+
+
 def jsonl(obj: dict) -> str:
-    return json.dumps(obj, default=_json_default, separators=(",", ":"))
+    return _ENCODER.encode(obj)
 
 
 # --- running a command -------------------------------------------------------------------
@@ -640,11 +654,14 @@ def details(rec: records.Record) -> str:
 _IN_COLUMNS = {"seq", "time", "conn", "id", "ids"}
 
 
-def record_json(rec: records.Record, path: Path | None = None, offset: int | None = None,
-                rel: Callable[[object], str] = str) -> dict:
-    d = records.as_dict(rec)
-    if path is not None:
-        d["file"] = rel(path)
+def record_json(rec: records.Record, file: str | None = None, offset: int | None = None) -> dict:
+    """Every field of a record by name (op first, as records.as_dict), and where it is."""
+    cls = type(rec)
+    d: dict[str, object] = {"op": records.OP_NAMES[cls]}
+    for name in records.FIELDS[cls]:
+        d[name] = getattr(rec, name)
+    if file is not None:
+        d["file"] = file
         d["offset"] = offset
     return d
 
@@ -710,11 +727,16 @@ def _dump(args: argparse.Namespace, out: Out, opened: history.OpenDir) -> int:
     if text:
         out.line(fmt.header())
     prog = out.start_progress("dumping")
-    for path, offset, rec in history.iter_records(args.data_dir, from_seq=from_seq,
+    # --tube needs every put to know the tube of later records: read from the start then.
+    read_from = None if tube_of is not None else from_seq
+    last_path, last_file = None, ""
+    for path, offset, rec in history.iter_records(args.data_dir, from_seq=read_from,
                                                   warn=out.warn, progress=prog, opened=opened):
         if args.to_seq is not None and rec.seq > args.to_seq:
             break
         if tube_of is not None and not tube_of.matches(rec, tubes):
+            continue
+        if from_seq is not None and rec.seq < from_seq:
             continue
         if wanted_ops and type(rec) not in wanted_ops:
             continue
@@ -727,9 +749,16 @@ def _dump(args: argparse.Namespace, out: Out, opened: history.OpenDir) -> int:
         if text:
             write(fmt(rec) + "\n")
         else:
-            write(jsonl(record_json(rec, path, offset, out.rel)) + "\n")
+            if path is not last_path:
+                last_path, last_file = path, out.rel(path)
+            write(jsonl(record_json(rec, last_file, offset)) + "\n")
     out.end_progress()
     return EXIT_OK
+
+
+# --- replaying -----------------------------------------------------------------------------------
+
+PRUNE_EVERY = 1 << 16  # records applied between two prunings of the state's heaps
 
 
 # --- aof verify --------------------------------------------------------------------------------
@@ -776,9 +805,12 @@ def _same_job(a: list, b: list) -> bool:
     return False
 
 
-def verify(data_dir: Path, warn: Callable[[str], None] | None = None,
-           progress: Callable[[int, int], None] | None = None) -> VerifyReport:
-    """Check a data directory the way start-up reads it, without writing anything."""
+def verify(data_dir: Path, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    """Check a data directory the way start-up reads it, without writing anything.
+
+    Problems (damage) and warnings (a torn tail at the end of the last segment,
+    a damaged older snapshot) are collected in the report, not raised.
+    """
     rep = VerifyReport()
     with history.open_dir(data_dir) as od:
         return _verify(od, rep, progress)
@@ -790,6 +822,7 @@ def _verify(od: history.OpenDir, rep: VerifyReport,
     newest = lay.newest_snapshot
     newest_file = od.snapshot_file(newest) if newest is not None else None
     newest_ok = False
+    newest_row: list[str] | None = None
     for snap in lay.snapshots:
         try:
             counts: dict[str, int] = {}
@@ -803,6 +836,8 @@ def _verify(od: history.OpenDir, rep: VerifyReport,
             else:
                 detail += " (older: start-up does not read it)"
             rep.rows.append(["snapshot", str(snap.path), "ok", detail])
+            if snap is newest:
+                newest_row = rep.rows[-1]
         except (CorruptionError, FileNotFoundError) as e:
             msg = str(e)
             rep.rows.append(["snapshot", str(snap.path), "DAMAGED", getattr(e, "why", msg)])
@@ -826,7 +861,7 @@ def _verify(od: history.OpenDir, rep: VerifyReport,
                 f"records {newest.seq + 1}..{first - 1} are missing: the snapshot ends at seq "
                 f"{newest.seq} and the log starts at seq {first}")
         else:
-            state = _load_snapshot(newest.path, newest_file)
+            state = _try_load(newest, newest_file, rep, newest_row)
             base = f"snapshot {newest.path.name}"
     elif newest is None:
         rep.problems.append(f"records 1..{first - 1} are missing: the log starts at seq {first} "
@@ -887,9 +922,14 @@ def _verify(od: history.OpenDir, rep: VerifyReport,
                     if diff:
                         rep.problems.append(f"{newest.path}: disagrees with the log at seq "
                                             f"{newest.seq}: {diff}")
-                        state = _load_snapshot(newest.path, newest_file)  # what start-up would serve
-                        base = f"snapshot {newest.path.name}"
-                        applied = 0
+                        if newest_row is not None:
+                            newest_row[2] = "DAMAGED"
+                            newest_row[3] += f"; disagrees with the log at seq {newest.seq}"
+                        # Go on from what start-up would serve.
+                        state = _try_load(newest, newest_file, rep, newest_row)
+                        base, applied = f"snapshot {newest.path.name}", 0
+                        if state is None:
+                            replaying, stopped = False, "the damaged snapshot"
                     else:
                         agreed = True
         except CorruptionError as e:
@@ -919,7 +959,7 @@ def _verify(od: history.OpenDir, rep: VerifyReport,
 
     if compare_at is not None and replaying and state.last_seq < compare_at:
         # The log ends before the snapshot: start-up serves the snapshot.
-        state = _load_snapshot(newest.path, newest_file)
+        state = _try_load(newest, newest_file, rep, newest_row)
         base, applied = f"snapshot {newest.path.name}", 0
     if first_seq is not None:
         gaps = sum("sequence gap" in p for p in rep.problems)
@@ -941,6 +981,18 @@ def _verify(od: history.OpenDir, rep: VerifyReport,
     return rep
 
 
+def _try_load(snap: history.SnapshotFile, file: IO[bytes] | None, rep: VerifyReport,
+              row: list[str] | None) -> State | None:
+    """The snapshot's state, or None with the damage reported."""
+    try:
+        return _load_snapshot(snap.path, file)
+    except CorruptionError as e:
+        rep.problems.append(f"{e} (start-up refuses to load it)")
+        if row is not None:
+            row[2], row[3] = "DAMAGED", f"{row[3]}; {e.why}"
+        return None
+
+
 def _load_snapshot(path: Path, file: IO[bytes] | None = None) -> State:
     try:
         return State.load(history.iter_snapshot(path, file))
@@ -950,7 +1002,7 @@ def _load_snapshot(path: Path, file: IO[bytes] | None = None) -> State:
 
 def cmd_verify(args: argparse.Namespace, out: Out) -> int:
     prog = out.start_progress("verifying")
-    rep = verify(args.data_dir, out.warn, prog)
+    rep = verify(args.data_dir, prog)
     out.end_progress()
     out.line(f"verifying {args.data_dir}")
     rows = [[what, out.rel(path), status, detail] for what, path, status, detail in rep.rows]
@@ -999,22 +1051,17 @@ class Rebuilt:
 
 def rebuild(data_dir: Path, until_seq: int | None = None, until_time: int | None = None,
             warn: Callable[[str], None] | None = None,
-            progress: Callable[[int, int], None] | None = None, clock: Clock = Clock()) -> Rebuilt:
-    """The state after record `until_seq`, or after every record up to `until_time` (ns)."""
-    for attempt in range(3):
-        try:
-            return _rebuild(data_dir, until_seq, until_time, warn, progress, clock)
-        except FileNotFoundError:
-            if attempt == 2:
-                raise  # a snapshot we picked was replaced by a compaction meanwhile: try again
-    raise AssertionError  # not reached
+            progress: Callable[[int, int], None] | None = None,
+            clock: Clock | None = None) -> Rebuilt:
+    """The state after record `until_seq`, or after every record up to `until_time` (ns).
 
-
-def _rebuild(data_dir: Path, until_seq: int | None, until_time: int | None,
-             warn: Callable[[str], None] | None, progress: Callable[[int, int], None] | None,
-             clock: Clock) -> Rebuilt:
+    Starts from the newest snapshot at or before that point (or the empty
+    state when the log reaches back to seq 1); raises HistoryFolded when
+    neither can reach it.
+    """
     with history.open_dir(data_dir) as od:
-        return _rebuild_from(od, data_dir, until_seq, until_time, warn, progress, clock)
+        return _rebuild_from(od, data_dir, until_seq, until_time, warn, progress,
+                             clock or Clock())
 
 
 def _rebuild_from(od: history.OpenDir, data_dir: Path, until_seq: int | None,
@@ -1358,12 +1405,12 @@ class _JobTracker:
 
 def job_history(data_dir: Path, jid: int, warn: Callable[[str], None] | None = None,
                 progress: Callable[[int, int], None] | None = None,
-                clock: Clock = Clock()) -> JobHistory:
+                clock: Clock | None = None) -> JobHistory:
     """Every step of job `jid` the log (and, for folded history, the snapshot) knows."""
     hist = JobHistory(jid)
     tracker = _JobTracker(jid, hist)
     with history.open_dir(data_dir) as od:
-        return _job_history(od, hist, tracker, jid, warn, progress, clock)
+        return _job_history(od, hist, tracker, jid, warn, progress, clock or Clock())
 
 
 def _job_history(od: history.OpenDir, hist: JobHistory, tracker: _JobTracker, jid: int,
@@ -1392,12 +1439,14 @@ def _job_history(od: history.OpenDir, hist: JobHistory, tracker: _JobTracker, ji
                                                     opened=od):
         if pending and rec.seq > snap.seq:
             pending = False
-            if not hist.complete:
+            if not hist.steps:  # the log showed nothing of it before: the snapshot tells
                 tracker.from_snapshot(snap_item, snap, meta_time, clock)
         tracker.feed(rec)
         last = (rec.seq, rec.time)
-    if pending and not hist.complete:
+    if pending and not hist.steps:
         tracker.from_snapshot(snap_item, snap, meta_time, clock)
+    if hist.tube is None and snap_item is not None:
+        hist.tube = snap_item[2]
     if last is None and snap is not None:
         last = (snap.seq, meta_time)
     hist.log_end = last
@@ -1499,7 +1548,8 @@ def _summary_lines(h: JobHistory) -> list[tuple[str, str, str]]:
         if h.complete:
             out.append(("lifetime", fmt_dur(span), f"put to {end}"))
         else:
-            out.append((f"since seq {timed[0].seq}", fmt_dur(span), f"snapshot to {end}"))
+            first = "the snapshot" if timed[0].event == "snapshot" else "its first step shown"
+            out.append((f"since seq {timed[0].seq}", fmt_dur(span), f"{first} to {end}"))
     for name in STATES:
         if name in h.time_in:
             note = ""
