@@ -9,10 +9,14 @@ PORT ?= 11300
 
 .PHONY: run test lint bench fixtures clean system-packages
 
-# Debian packages the tests use: the real beanstalkd to compare with, Java for Spark.
+# Debian packages the tests use: the real beanstalkd to compare with, Java for
+# Spark, Node for the JavaScript clients' own test suites.
 system-packages:
-	@if ! command -v beanstalkd >/dev/null || ! command -v java >/dev/null; then \
-	  apt-get update -qq && apt-get install -y -qq beanstalkd openjdk-17-jre-headless; fi
+	@missing=""; \
+	command -v beanstalkd >/dev/null || missing="$$missing beanstalkd"; \
+	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
+	command -v npm >/dev/null || missing="$$missing nodejs npm"; \
+	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing; fi
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -41,3 +45,18 @@ clean:
 fixtures: $(STAMP)
 	$(BIN)/python tools/make_fixtures.py
 	$(BIN)/python tools/worked_example.py
+
+# Benchmarks against the real beanstalkd on loopback (issue 4; see bench/README.md).
+# Not tests: nothing here fails on a number. Results go to bench-results/ (git-ignored).
+# `make bench` is the full run (~10-15 min), `make bench-quick` reduced counts (~2 min);
+# BENCH_ARGS passes more flags, e.g. BENCH_ARGS="--only always/put".
+.PHONY: bench-quick bench-packages
+bench-packages:
+	@if ! command -v beanstalkd >/dev/null; then \
+	  apt-get update -qq && apt-get install -y -qq beanstalkd; fi
+
+bench: $(STAMP) bench-packages
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+bench-quick: $(STAMP) bench-packages
+	$(BIN)/python bench/run.py --quick $(BENCH_ARGS)

@@ -33,6 +33,9 @@ HEADER_SIZE = HEADER.size + 4
 FRAME = struct.Struct("<II")  # payload length, CRC32 of payload
 MAX_FRAME = 1 << 31  # a length beyond this is damage, not data
 
+# fsync policies (journal.py carries them out)
+FSYNC_ALWAYS, FSYNC_INTERVAL, FSYNC_NEVER = "always", "interval", "never"
+
 
 class CorruptionError(Exception):
     """Damage that start-up must not skip: names the file, offset and sequence number."""

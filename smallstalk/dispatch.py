@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from . import protocol as p
 from . import records as r
+from .config import VERSION as SMALLSTALK_VERSION
 from .state import BURIED, DELAYED, NS, RESERVED
 
 if TYPE_CHECKING:
@@ -25,7 +26,8 @@ BLOCK = object()  # the reserve waits; the loop answers it later
 CLOSE = object()  # quit: answer nothing more and close
 NOREPLY = object()  # a command that is not answered (a replica's ack)
 
-VERSION = "1.12+smallstalk.0.1.0"
+# The protocol version clients see (some parse it as a semver, e.g. fivebeans).
+VERSION = "1.12"
 
 
 def put(lp: MutationLoop, s: Session, cmd: p.Put):
@@ -319,7 +321,8 @@ def server_stats(lp: MutationLoop) -> list[tuple[str, object]]:
     ]
     # smallstalk's own keys come after beanstalkd's, so existing clients still parse.
     epoch, history = st.epoch
-    out += [("role", lp.role.encode()), ("last-seq", st.last_seq), ("epoch", epoch),
+    out += [("smallstalk-version", SMALLSTALK_VERSION),
+            ("role", lp.role.encode()), ("last-seq", st.last_seq), ("epoch", epoch),
             ("history", history or "-")]  # quoted: an all-digit id must stay a string
     if lp.role == "replica" and lp.follower is not None:
         out += lp.follower.stats(st)

@@ -28,11 +28,18 @@ from pathlib import Path
 import trio
 
 from . import records
-from .aof import HEADER_SIZE, SegmentWriter, fsync_dir, list_segments, segment_name
+from .aof import (
+    FSYNC_ALWAYS,
+    FSYNC_NEVER,
+    HEADER_SIZE,
+    SegmentWriter,
+    fsync_dir,
+    list_segments,
+    segment_name,
+)
 
 log = logging.getLogger("smallstalk.journal")
 
-FSYNC_ALWAYS, FSYNC_INTERVAL, FSYNC_NEVER = "always", "interval", "never"
 
 
 class JournalError(Exception):
