@@ -59,10 +59,10 @@ class Session:
 
     __slots__ = (
         "id", "pending", "out", "out_mut", "blocked", "halfclosed", "closing", "producer",
-        "worker", "outbox", "wait_deadline", "feed", "view_use",
+        "worker", "deliver", "wait_deadline", "feed", "view_use", "inflight",
     )
 
-    def __init__(self, sid: int, outbox: trio.MemorySendChannel):
+    def __init__(self, sid: int, deliver: Callable):
         self.id = sid
         self.pending: deque = deque()
         self.out: list[bytes] = []
@@ -72,7 +72,10 @@ class Session:
         self.closing = False
         self.producer = False
         self.worker = False
-        self.outbox = outbox  # (bytes, done, close) tuples to the connection's writer
+        # deliver(blob, done, close): hands replies to the connection (sync, never
+        # blocks); `done` says nothing of what was submitted is left unanswered.
+        self.deliver = deliver
+        self.inflight = 0  # bytes of commands submitted and not yet run (backpressure)
         self.wait_deadline = None
         self.feed = None  # a replication feed: the connection streams records instead
         self.view_use: str | None = None  # `use` on a replica: this connection's view only
@@ -136,16 +139,17 @@ class MutationLoop:
 
     # --- the connection side (called from connection tasks) ----------------------
 
-    def open_session(self) -> tuple[Session, trio.MemoryReceiveChannel]:
-        send, recv = trio.open_memory_channel(math.inf)
+    def open_session(self, deliver: Callable) -> Session:
         sid = self._next_conn
         self._next_conn += 1
-        s = Session(sid, send)
+        s = Session(sid, deliver)
         self._send.send_nowait(("open", s))
-        return s, recv
+        return s
 
-    def submit(self, s: Session, events: list) -> None:
-        self._send.send_nowait(("cmds", s, events))
+    def submit(self, s: Session, events: list, size: int = 0) -> None:
+        """Commands for the loop; `size` counts toward the session's backpressure."""
+        s.inflight += size
+        self._send.send_nowait(("cmds", s, events, size))
 
     def end_of_input(self, s: Session) -> None:
         self._send.send_nowait(("eof", s))
@@ -275,6 +279,7 @@ class MutationLoop:
             kind, s = item[0], item[1]
             if kind == "cmds":
                 s.pending.extend(item[2])
+                s.inflight -= item[3]
                 self._run(s)
             elif kind == "open":
                 self.sessions[s.id] = s
@@ -425,8 +430,8 @@ class MutationLoop:
             if s.id not in self.sessions or s.feed is not None:
                 continue
             done = not s.blocked and not s.pending
-            if not (s.out or done or s.closing):
-                continue
+            # A session that just started waiting is told so (done=False, maybe
+            # no bytes): its connection then watches the socket meanwhile.
             delivery = (s, s.out, s.out_mut, done, s.closing)
             s.out, s.out_mut = [], []
             if hold and any(delivery[2]):
@@ -491,7 +496,4 @@ class MutationLoop:
 
 def _deliver(delivery: tuple) -> None:
     s, out, _mut, done, closing = delivery
-    try:
-        s.outbox.send_nowait((b"".join(out), done, closing))
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
+    s.deliver(b"".join(out), done, closing)

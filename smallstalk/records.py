@@ -17,6 +17,7 @@ like the rest but never reach the AOF, because a restart forgets them anyway.
 
 from __future__ import annotations
 
+import operator
 from typing import ClassVar
 
 import attrs
@@ -251,10 +252,13 @@ class DecodeError(ValueError):
     pass
 
 
+_GETTERS = {cls: operator.attrgetter(*FIELDS[cls]) for cls in LOGGED_TYPES}
+
+
 def to_list(rec: Record) -> list:
     """The CBOR array form, without encoding."""
     cls = type(rec)
-    return [cls.CODE, *(getattr(rec, name) for name in FIELDS[cls])]
+    return [cls.CODE, *_GETTERS[cls](rec)]
 
 
 def encode(rec: Record) -> bytes:

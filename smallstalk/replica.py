@@ -129,21 +129,26 @@ class Follower:
             words = line.split()
             if not words or words[0] not in (b"REPLICATING", b"FULLRESYNC"):
                 raise FeedError(line.decode(errors="replace"))
+            leftover: list[bytes] = []  # record frames that came with the snapshot's end
             if words[0] == b"FULLRESYNC":
                 items: list = []
-                while True:
-                    for payload in await reader.frames():
+                while not leftover and not (items and items[-1][0] == "end"):
+                    payloads = await reader.frames()
+                    for i, payload in enumerate(payloads):
                         items.append(cbor2.loads(payload))
-                    if items and items[-1][0] == "end":
-                        break
+                        if items[-1][0] == "end":
+                            leftover = payloads[i + 1:] or [b""]
+                            break
                 await lp.call(install_snapshot, lp, items[:-1], int(words[3]))
+                leftover = [pl for pl in leftover if pl]
                 log.info("full resync from snapshot at seq %d", int(words[3]))
             self.connected = True
             self.last_error = None
             log.info("following %s:%d from seq %d", self.host, self.port, lp.state.last_seq)
             while True:
                 batch = []
-                for payload in await reader.frames():
+                payloads, leftover = leftover or await reader.frames(), []
+                for payload in payloads:
                     obj = cbor2.loads(payload)
                     if obj and obj[0] == "hb":
                         self.primary_seq = max(self.primary_seq, obj[1])

@@ -132,7 +132,7 @@ def start_feed(lp: MutationLoop, s: Session, cmd: p.Replicate):
     feed = Feed(s.id, line, after, upto, snapshot, needed)
     lp.feeds[s.id] = feed
     s.feed = feed
-    s.outbox.send_nowait((feed, False, False))  # the connection's writer takes over
+    s.deliver(feed, False, False)  # the connection streams it from now on
     log.info("replica on connection %d: %s", s.id, line.strip().decode())
     return NOREPLY
 

@@ -1,18 +1,29 @@
 """Listeners and connection tasks: sockets in, parsed batches to the loop, replies out.
 
-Each connection runs two tasks in its own nursery:
+A connection is a reader task and the loop's `deliver` callback:
 
-- the reader receives bytes, feeds the sans-I/O parser and hands every batch
-  of complete commands to the mutation loop in one hop. While a batch is
-  being answered, further commands queue here, up to `MAX_QUEUED_BYTES`;
-  past that the reader stops reading, so a client that never reads its
-  replies holds no more than that (TCP flow control does the rest);
-- the writer sends each reply blob the loop produces with one send and,
-  when a batch is fully answered, submits whatever queued meanwhile.
+- the reader receives bytes, feeds the sans-I/O parser and hands every
+  complete command of that read to the mutation loop in one hop, then reads
+  on: commands of one connection run in order in the loop whatever their
+  batches, so it need not wait for replies;
+- at the end of each turn the loop calls `deliver(replies)`, which writes them
+  straight to the socket without blocking. Only what the socket does not take
+  at once is queued, and a flusher task (asleep otherwise) sends it.
 
-End of input is reported to the loop at once (a waiting reserve is answered
-TIMED_OUT, as beanstalkd does for a half-closed socket); the connection
-closes when everything before it has been answered.
+So a command costs one wake-up of the reader and a share of one loop turn: a
+task switch is most of what a command costs in trio.
+
+Backpressure: the reader stops reading while more than MAX_QUEUED_BYTES of
+its commands wait in the loop (a reserve that waits holds up the commands
+behind it) or of replies wait for the socket (a client that never reads).
+Memory per connection is bounded by that, plus one partial line or body in
+the parser.
+
+A client that hangs up or half-closes is noticed at once, also while a reserve
+waits (beanstalkd answers TIMED_OUT then); the connection closes when every
+command before the end of input is answered. A replication feed (`replicate`)
+hands the connection a Feed: the flusher streams it while the reader passes
+the replica's acks on.
 """
 
 from __future__ import annotations
@@ -33,91 +44,126 @@ RECV_SIZE = 65536
 MAX_QUEUED_BYTES = 1 << 20
 
 
-class _Conn:
-    __slots__ = ("queued", "queued_bytes", "idle", "eof", "space", "finished", "feed")
-
-    def __init__(self) -> None:
-        self.queued: list = []
-        self.queued_bytes = 0
-        self.idle = True  # no batch is with the loop
-        self.eof = False
-        self.space = trio.Event()
-        self.finished = trio.Event()
-        self.feed = False  # a replication feed: acks go straight to the loop
-
-
 def _size(ev) -> int:
     return len(ev.body) + 32 if type(ev) is Put else 32
 
 
-async def serve_connection(lp: MutationLoop, stream: trio.abc.Stream, max_job_size: int) -> None:
-    session, outbox = lp.open_session()
-    parser = Parser(max_job_size)
-    c = _Conn()
+class _Connection:
+    def __init__(self, lp: MutationLoop, stream: trio.abc.Stream, max_job_size: int):
+        self.lp = lp
+        self.stream = stream
+        sock = getattr(stream, "socket", None)
+        self.fd = sock.fileno() if sock is not None else -1
+        self.parser = Parser(max_job_size)
+        self.unsent = bytearray()  # replies the socket has not taken yet
+        self.done = True  # nothing submitted is left unanswered
+        self.closing = False  # quit: close once the replies are out
+        self.broken = False
+        self.eof = False
+        self.feed = None
+        self.throttled = False  # the reader waits for the backlog to shrink
+        self.changed = trio.Event()  # something the flusher or a waiting reader cares about
+        self.session = lp.open_session(self.deliver)
 
-    def flush_queue() -> None:
-        if c.queued:
-            lp.submit(session, c.queued)
-            c.queued = []
-            c.queued_bytes = 0
-            c.idle = False
-            c.space.set()
-            c.space = trio.Event()
-        else:
-            c.idle = True
-            if c.eof:
-                c.finished.set()
+    # --- called by the loop (synchronously, at the end of a turn) -----------------
 
-    async def reader() -> None:
+    def deliver(self, blob, done: bool, close: bool) -> None:
+        if not isinstance(blob, bytes):
+            self.feed = blob
+            self.changed.set()
+            return
+        self.done = done
+        if blob and not self.broken:
+            if self.unsent or self.fd < 0:
+                self.unsent += blob
+            else:
+                self._write_now(blob)
+        if close:
+            self.closing = True
+        # Wake the flusher or a throttled reader only when they have work:
+        # a wake-up per reply would cost as much as the reply itself.
+        if self.unsent or close or self.throttled or (done and self.eof):
+            self.changed.set()
+
+    def _write_now(self, blob: bytes) -> None:
+        try:
+            n = os.write(self.fd, blob)
+        except BlockingIOError:
+            n = 0
+        except OSError:
+            self.broken = True  # the reader sees the hang-up and ends the connection
+            return
+        if n < len(blob):
+            self.unsent += blob[n:]
+
+    # --- the tasks -------------------------------------------------------------------
+
+    async def _wait_changed(self) -> None:
+        await self.changed.wait()
+        self.changed = trio.Event()
+
+    async def reader(self) -> None:
+        lp, session = self.lp, self.session
+        fd = self.fd
         while True:
-            try:
-                data = await stream.receive_some(RECV_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                data = b""
+            while session.inflight + len(self.unsent) > MAX_QUEUED_BYTES and not self.broken:
+                self.throttled = True
+                await self._wait_changed()
+            self.throttled = False
+            if fd >= 0:
+                # Wait, then read once: trio's receive_some reads first and, in
+                # request/response traffic, mostly gets EAGAIN: a syscall wasted.
+                try:
+                    await trio.lowlevel.wait_readable(fd)
+                    data = os.read(fd, RECV_SIZE)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+            else:
+                try:
+                    data = await self.stream.receive_some(RECV_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    data = b""
             if not data:
-                c.eof = True
+                self.eof = True
                 lp.end_of_input(session)
-                if c.idle and not c.queued:
-                    c.finished.set()
+                self.changed.set()
                 return
-            parser.feed(data)
-            events = parser.events()
-            if not events:
-                continue
-            c.queued.extend(events)
-            c.queued_bytes += sum(_size(ev) for ev in events)
-            if c.idle or c.feed:
-                flush_queue()
-            while c.queued_bytes > MAX_QUEUED_BYTES:
-                await c.space.wait()
+            self.parser.feed(data)
+            events = self.parser.events()
+            if events:
+                self.done = False
+                lp.submit(session, events, sum(_size(ev) for ev in events))
 
-    async def writer() -> None:
-        async for blob, done, close in outbox:
-            if not isinstance(blob, bytes):  # a replication feed takes the connection over
+    async def flusher(self, cancel: trio.CancelScope) -> None:
+        while True:
+            if self.feed is not None:
                 from .replication import run_feed
 
-                c.feed = True
-                await run_feed(stream, blob, lambda: lp.journal.committed_seq)
-                c.finished.set()
-                return
-            if blob:
-                await stream.send_all(blob)
-            if close:
-                c.finished.set()
-                return
-            if done:
-                flush_queue()
+                await run_feed(self.stream, self.feed, lambda: self.lp.journal.committed_seq)
+                break
+            if self.unsent:
+                data = bytes(self.unsent)
+                self.unsent.clear()
+                await self.stream.send_all(data)
+                continue
+            if self.closing or self.broken or (self.eof and self.done):
+                break
+            await self._wait_changed()
+        cancel.cancel()
 
+
+async def serve_connection(lp: MutationLoop, stream: trio.abc.Stream, max_job_size: int) -> None:
+    conn = _Connection(lp, stream, max_job_size)
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(reader)
-            nursery.start_soon(writer)
-            await c.finished.wait()
-            nursery.cancel_scope.cancel()
+            nursery.start_soon(conn.reader)
+            nursery.start_soon(conn.flusher, nursery.cancel_scope)
     except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         pass  # the peer went away; closing below releases what it held
     finally:
-        lp.close_session(session)
+        lp.close_session(conn.session)
         with trio.CancelScope(shield=True):
             try:
                 await stream.aclose()

@@ -27,7 +27,9 @@ class Client:
 
     def __init__(self, lp: MutationLoop):
         self.lp = lp
-        self.session, self.outbox = lp.open_session()
+        self._send, self.outbox = trio.open_memory_channel(1000)
+        self.session = lp.open_session(
+            lambda blob, done, close: self._send.send_nowait((blob, done, close)))
         self.parser = p.Parser(lp.max_job_size)
 
     @property
