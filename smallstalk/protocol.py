@@ -26,6 +26,7 @@ Memory is bounded: the parser holds at most one line (224 bytes) or one body
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import attrs
@@ -323,20 +324,22 @@ class _BadCounted(_Bad):
         self.counted_as = counted_as
 
 
+_UINT = re.compile(rb" *([0-9]+)")
+_PUT = re.compile(rb"put +([0-9]+) +([0-9]+) +([0-9]+) +([0-9]+)")
+
+
 def _read_uint(line: bytes, pos: int, limit: int, to_end: bool) -> tuple[int, int]:
     """beanstalkd's read_u32/read_u64: skip spaces, digits, bounded value."""
-    n = len(line)
-    while pos < n and line[pos] == 0x20:
-        pos += 1
-    start = pos
-    while pos < n and 0x30 <= line[pos] <= 0x39:
-        pos += 1
-    if pos == start or (to_end and pos != n):
+    m = _UINT.match(line, pos)
+    if m is None:
         raise _Bad
-    value = int(line[start:pos])
+    end = m.end()
+    if to_end and end != len(line):
+        raise _Bad
+    value = int(m.group(1))
     if value > limit:
         raise _Bad
-    return value, pos
+    return value, end
 
 
 def _strtoul_u32(text: bytes) -> int:
@@ -496,6 +499,13 @@ def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHea
         return exact
     if 0 in line:
         return ErrorReply(BAD_FORMAT)
+    m = _PUT.fullmatch(line)
+    if m is not None:  # the common put, without trailing oddities
+        pri, delay, ttr, size = map(int, m.groups())
+        if pri <= U32_MAX and delay <= U32_MAX and ttr <= U32_MAX and size <= U32_MAX:
+            if size > max_job_size:
+                return _PutHeader(pri, delay, ttr, -size)
+            return _PutHeader(pri, delay, max(ttr, 1), size)
     try:
         if line.startswith(b"put "):
             pri, pos = _read_uint(line, 4, U32_MAX, False)

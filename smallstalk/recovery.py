@@ -88,7 +88,7 @@ def recover(data_dir: Path, repair: bool = True, until_seq: int | None = None) -
 
 
 def _torn_or_corrupt(path, data, scan, last_seq, last_segment, repair, result) -> None:
-    if not last_segment or aof.later_good_frame(data, scan.end) is not None:
+    if not last_segment or aof.later_good_frame(data, scan.end, last_seq) is not None:
         raise CorruptionError(path, scan.end, last_seq, scan.why)
     msg = (f"{path}: torn write at offset {scan.end} after seq {last_seq} "
            f"({scan.size - scan.end} bytes, {scan.why}); truncated")
