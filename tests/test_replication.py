@@ -232,8 +232,8 @@ def test_old_primary_cannot_feed_the_promoted_one(tmp_path: Path) -> None:
         assert out.stdout.startswith("PROMOTED")
         with greenstalk.Client(("127.0.0.1", replica.port), use="new") as c:
             c.put("written on the new primary")
-        new_state = durable_state(tmp_path / "replica")
         replica.stop()
+        new_state = durable_state(tmp_path / "replica")
         # The old primary comes back (as a primary) and the promoted server is
         # wrongly pointed at it: it must refuse to take the old history.
         port = primary.port
