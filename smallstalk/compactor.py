@@ -24,7 +24,7 @@ import trio
 
 from . import aof, snapshot
 from .aof import CorruptionError
-from .recovery import paths
+from .recovery import apply_next, paths
 from .state import State, StateError
 
 log = logging.getLogger("smallstalk.compactor")
@@ -41,16 +41,7 @@ def fold(data_dir: Path, segments: list[Path]) -> Path:
                 if not entry.clean:
                     raise CorruptionError(path, entry.end, state.last_seq, entry.why)
                 break
-            offset, rec = entry
-            if rec.seq <= state.last_seq:
-                continue
-            if rec.seq != state.last_seq + 1:
-                raise CorruptionError(path, offset, state.last_seq,
-                                      f"sequence gap: expected {state.last_seq + 1}")
-            try:
-                state.apply(rec)
-            except StateError as e:
-                raise CorruptionError(path, offset, state.last_seq, f"record does not apply: {e}") from None
+            apply_next(state, path, *entry)
     return snapshot.write_state(snap_dir, state)
 
 

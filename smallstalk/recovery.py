@@ -68,23 +68,34 @@ def recover(data_dir: Path, repair: bool = True, until_seq: int | None = None) -
                     _torn_or_corrupt(path, data, entry, state.last_seq, last_segment, repair, result)
                 break
             offset, rec = entry
-            if rec.seq <= state.last_seq:
-                continue  # already in the snapshot
             if until_seq is not None and rec.seq > until_seq:
                 return result
-            if rec.seq != state.last_seq + 1:
-                raise CorruptionError(
-                    path, offset, state.last_seq,
-                    f"sequence gap: expected {state.last_seq + 1}, found {rec.seq}")
-            try:
-                state.apply(rec)
-            except StateError as e:
-                raise CorruptionError(path, offset, state.last_seq, f"record does not apply: {e}") from None
+            if not apply_next(state, path, offset, rec):
+                continue  # already in the snapshot
             result.records_replayed += 1
             used = True
         if used:
             result.segments.append(path)
     return result
+
+
+def apply_next(state: State, path: Path, offset: int, rec) -> bool:
+    """Apply `rec` if it is the state's next record; False if the state has it already.
+
+    A gap, or a record that does not apply, is damage: CorruptionError names
+    the file, offset and the last good sequence number.
+    """
+    if rec.seq <= state.last_seq:
+        return False
+    if rec.seq != state.last_seq + 1:
+        raise CorruptionError(path, offset, state.last_seq,
+                              f"sequence gap: expected {state.last_seq + 1}, found {rec.seq}")
+    try:
+        state.apply(rec)
+    except StateError as e:
+        raise CorruptionError(path, offset, state.last_seq,
+                              f"record does not apply: {e}") from None
+    return True
 
 
 def _torn_or_corrupt(path, data, scan, last_seq, last_segment, repair, result) -> None:

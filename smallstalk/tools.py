@@ -35,6 +35,7 @@ from . import aof, history, records, snapshot
 from . import records as r
 from .aof import CorruptionError
 from .history import HistoryFolded
+from .recovery import apply_next
 from .state import BURIED, DELAYED, READY, RESERVED, State, StateError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FOLDED = 0, 1, 2, 3
@@ -1105,14 +1106,9 @@ def _rebuild_from(od: history.OpenDir, data_dir: Path, until_seq: int | None,
                                                       opened=od):
             if until_time is not None and rec.time > until_time:
                 break
-            if rec.seq != state.last_seq + 1:
+            if not apply_next(state, path, offset, rec):
                 raise CorruptionError(path, offset, state.last_seq,
                                       f"sequence gap: expected {state.last_seq + 1}, found {rec.seq}")
-            try:
-                state.apply(rec)
-            except StateError as e:
-                raise CorruptionError(path, offset, state.last_seq,
-                                      f"record does not apply: {e}") from None
             applied += 1
             if until_seq is not None and rec.seq >= until_seq:
                 break

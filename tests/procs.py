@@ -40,6 +40,27 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> N
     raise RuntimeError(f"server did not listen on {port} within {timeout}s")
 
 
+def wait_for(cond, timeout: float = 30.0, what: str = "condition") -> None:
+    """Poll `cond` until it holds; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def wait_for_log(path: Path, text: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Wait for a server's log line (smallstalk logs `listening on` once it serves)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in path.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before serving")
+        time.sleep(0.02)
+    raise RuntimeError(f"server did not log {text!r} within {timeout}s")
+
+
 def listening(port: int) -> bool:
     """Is a socket in LISTEN state on 127.0.0.1:port? (No connection made.)"""
     want = f"0100007F:{port:04X}"
@@ -110,7 +131,9 @@ def start_smallstalk(
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     server = Server(proc, port, data_dir, log_path)
     try:
-        wait_listening(port, proc)
+        # The port opens before recovery (launch.py binds first); the log line
+        # says the server is ready. No probe connection: it would show in stats.
+        wait_for_log(log_path, f"listening on 127.0.0.1:{port}", proc)
     except RuntimeError as e:
         server.kill()
         raise RuntimeError(f"{e}\n{server.log()}") from None

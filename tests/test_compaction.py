@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import greenstalk
@@ -10,14 +9,7 @@ import greenstalk
 from smallstalk import aof
 from smallstalk.recovery import recover
 
-from .procs import start_smallstalk
-
-
-def wait_for(pred, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
+from .procs import start_smallstalk, wait_for
 
 
 def run_load(tmp_path: Path, *flags: str) -> tuple[Path, list[int]]:

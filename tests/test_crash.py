@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -21,7 +21,7 @@ from smallstalk import aof, records, recovery
 from smallstalk.aof import CorruptionError
 
 from .bsclient import Client, Reply, connect, peek_ids, stats_jobs
-from .procs import Server, start_smallstalk
+from .procs import Server, start_smallstalk, wait_for
 
 ROUNDS = int(os.environ.get("SMALLSTALK_CRASH_ROUNDS", "30"))
 CHURN_OPS = int(os.environ.get("SMALLSTALK_CHURN_OPS", "100000"))
@@ -99,20 +99,8 @@ def wait_gone(pids: list[int], timeout: float) -> None:
         time.sleep(0.05)
 
 
-def wait_for(cond: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
-@pytest.fixture
-def servers() -> Iterator[list[Server]]:
-    started: list[Server] = []
-    yield started
-    for s in started:
-        s.kill()
 
 
 # --- what each client was told ------------------------------------------------------

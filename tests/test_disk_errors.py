@@ -6,7 +6,7 @@ import contextlib
 import resource
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
@@ -16,7 +16,7 @@ from smallstalk import aof
 from smallstalk.loop import RETRY_AFTER_FAILURE
 
 from .bsclient import Client, Reply, connect, peek_ids, stats_jobs
-from .procs import Server, start_smallstalk
+from .procs import Server, start_smallstalk, wait_for
 
 FSIZE = resource.RLIMIT_FSIZE
 INF = resource.RLIM_INFINITY
@@ -187,12 +187,6 @@ def can_chattr(tmp_path: Path) -> None:
         pytest.skip("chattr -i did not take")
 
 
-@pytest.fixture
-def servers() -> Iterator[list[Server]]:
-    started: list[Server] = []
-    yield started
-    for s in started:
-        s.kill()
 
 
 # --- the tests ------------------------------------------------------------------
@@ -385,12 +379,6 @@ def test_compactor_failures_do_not_stop_the_server(
     servers.append(verify_restart(tmp_path, data, led))
 
 
-def wait_for(cond: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def stay_up(srv: Server, c: Client, seconds: float) -> None:

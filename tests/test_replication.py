@@ -14,7 +14,7 @@ import greenstalk
 
 from smallstalk.recovery import recover
 
-from .procs import Server, free_port, start_smallstalk
+from .procs import Server, free_port, start_smallstalk, wait_for
 
 
 def stats(port: int) -> dict:
@@ -22,11 +22,6 @@ def stats(port: int) -> dict:
         return c.stats()
 
 
-def wait_for(pred, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"{what} not reached in {timeout}s"
-        time.sleep(0.05)
 
 
 def caught_up(primary: Server, replica: Server) -> bool:
