@@ -49,12 +49,19 @@ def wait_for(cond, timeout: float = 30.0, what: str = "condition") -> None:
         time.sleep(0.02)
 
 
-def wait_for_log(path: Path, text: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    """Wait for a server's log line (smallstalk logs `listening on` once it serves)."""
+def wait_for_log(path: Path, text: str, proc: subprocess.Popen, timeout: float = 60.0,
+                 start: int = 0) -> None:
+    """Wait for a server's log line (smallstalk logs `listening on` once it serves).
+
+    Only the log from byte `start` on counts: a restarted server appends to
+    the log of its earlier run, which has the same line already.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if text in path.read_text(errors="replace"):
-            return
+        with open(path, "rb") as f:
+            f.seek(start)
+            if text.encode() in f.read():
+                return
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode} before serving")
         time.sleep(0.02)
@@ -128,12 +135,13 @@ def start_smallstalk(
     cmd += list(args)
     log_path = tmp / f"smallstalk-{port}.log"
     log = open(log_path, "ab")
+    log_start = log.tell()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     server = Server(proc, port, data_dir, log_path)
     try:
         # The port opens before recovery (launch.py binds first); the log line
         # says the server is ready. No probe connection: it would show in stats.
-        wait_for_log(log_path, f"listening on 127.0.0.1:{port}", proc)
+        wait_for_log(log_path, f"listening on 127.0.0.1:{port}", proc, start=log_start)
     except RuntimeError as e:
         server.kill()
         raise RuntimeError(f"{e}\n{server.log()}") from None
