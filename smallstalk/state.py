@@ -745,6 +745,8 @@ class State:
         s = cls()
         s.tubes.clear()
         s.tube_order.clear()
+        jobs = s.jobs
+        ready_keys: dict[Tube, list[int]] = {}
         for item in items:
             kind = item[0]
             if kind == "job":
@@ -755,10 +757,14 @@ class State:
                 counts = (reserves, timeouts, releases, buries, kicks)
                 if any(counts):
                     j.counts = counts
-                s.jobs[jid] = j
+                jobs[jid] = j
                 t.jobs_n += 1
                 if st == READY:
-                    s._enter_ready(j)
+                    # The bulk of a big snapshot: collect keys, heapify once below.
+                    ready_keys.setdefault(t, []).append((pri << 96) | (jid << 32))
+                    t.ready_n += 1
+                    if pri < URGENT_THRESHOLD:
+                        t.urgent_n += 1
                 elif st == DELAYED:
                     s._enter_delayed(j, deadline)
                 elif st == RESERVED:
@@ -788,6 +794,11 @@ class State:
                  s.job_timeouts) = item
             else:
                 raise StateError(f"unknown snapshot item {kind!r}")
+        for t, keys in ready_keys.items():  # fresh jobs: state READY, gen 0, as keyed
+            t.ready.extend(keys)
+            heapq.heapify(t.ready)
+            s.ready_n += len(keys)
+        s.urgent_n = sum(t.urgent_n for t in s.tubes.values())
         return s
 
     def check(self) -> None:
