@@ -14,6 +14,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -42,15 +43,18 @@ On a cluster (see docs/ANALYTICS.md):
 """
 
 
+SMALL_INPUT = 64 << 20  # bytes of AOF below which whole-stage codegen is turned off
+
+
 class Progress:
     """Step lines, and the running Spark stages' task counts, on stderr."""
 
-    def __init__(self, stream: IO[str] = sys.stderr, enabled: bool = True,
+    def __init__(self, stream: IO[str] | None = None, enabled: bool = True,
                  interval: float = 1.0):
-        self.stream = stream
+        self.stream = sys.stderr if stream is None else stream
         self.enabled = enabled
         self.interval = interval
-        self.tty = stream.isatty()
+        self.tty = self.stream.isatty()
         self.started = time.monotonic()
         self.lock = threading.Lock()
         self.stop_event = threading.Event()
@@ -116,6 +120,13 @@ class Progress:
             self._clear()
 
 
+def brief(e: BaseException) -> str:
+    """The line of a (Python worker or JVM) error that says what went wrong."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    named = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
+    return (named or lines or [type(e).__name__])[-1][:500]
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="smallstalk analyze", description=DESCRIPTION,
                                  epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -127,6 +138,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                          "default: the directory's name)")
     ap.add_argument("--report", type=Path, metavar="FILE.html",
                     help="also write a self-contained HTML report with charts")
+    ap.add_argument("--report-window", choices=("auto", "minute", "hour"), default="auto",
+                    help="the report's time resolution (auto: minutes for up to 6 hours of data)")
     ap.add_argument("--accuracy", type=int, default=10_000,
                     help="percentile_approx accuracy: exact below this many values per group "
                          "(default 10000)")
@@ -141,7 +154,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Spark configuration (repeat)")
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    ap.add_argument("--verbose", action="store_true", help="keep Spark's own warnings")
+    ap.add_argument("--verbose", action="store_true",
+                    help="keep Spark's own warnings and errors; raise failures with their trace")
     return ap.parse_args(argv)
 
 
@@ -167,6 +181,7 @@ def session(master: str | None = None, conf: dict[str, str] | None = None,
         builder = builder.master(master)
     if master is not None and master.startswith("local"):
         os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode needs no network
         cores = os.cpu_count() or 2
         builder = (builder.config("spark.driver.memory", driver_memory)
                    .config("spark.sql.shuffle.partitions", str(max(8, 4 * cores))))
@@ -197,10 +212,15 @@ def read_records(spark: Any, servers: list[tuple[str, str]], *, snapshots: bool 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
-    from .source import resolve_servers
+    from .source import list_files, resolve_servers
 
+    local_bytes = 0
     try:
         servers = resolve_servers(args.data_dirs, args.server_name)
+        for _name, path in servers:
+            if "://" not in path:  # a local typo fails here, not inside Spark
+                segments, snap = list_files(path)
+                local_bytes += sum(size for *_x, size in segments) + (snap[2] if snap else 0)
     except (ValueError, OSError) as e:
         print(f"smallstalk analyze: {e}", file=sys.stderr)
         return 2
@@ -222,9 +242,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"smallstalk analyze: {e}; install the extra: pip install 'smallstalk[analytics]'",
               file=sys.stderr)
         return 2
+    small = local_bytes < SMALL_INPUT and all("://" not in p for _n, p in servers)
+    if small and "spark.sql.codegen.wholeStage" not in conf:
+        # Compiling whole-stage code takes longer than running small inputs without it.
+        conf["spark.sql.codegen.wholeStage"] = "false"
     spark, started_here = session(args.master, conf, args.driver_memory)
     if not args.verbose:
-        spark.sparkContext.setLogLevel("ERROR")
+        # Failures are reported below in one line; Spark's own stack traces only with -v.
+        spark.sparkContext.setLogLevel("FATAL")
     progress.watch(spark)
     try:
         records = read_records(spark, servers, snapshots=not args.no_snapshots,
@@ -233,7 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         result = pipeline.run(spark, records, args.out, args.accuracy, progress.step)
         span = [s for srv in result["servers"] for s in (srv["first_ns"], srv["last_ns"])
                 if s is not None]
-        width = "minute" if not span or max(span) - min(span) <= 36 * 3600 * 10**9 else "hour"
+        width = args.report_window
+        if width == "auto":
+            short = not span or max(span) - min(span) <= 6 * 3600 * 10**9
+            width = "minute" if short else "hour"
         if args.report:
             progress.step(f"report: {args.report} (per {width})")
             series = pipeline.series(spark, args.out, width)
@@ -246,9 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         progress.step("done")
     except Exception as e:  # a Spark failure: say it briefly, not a JVM stack
         progress.close()
-        text = str(e).strip().splitlines()
-        print(f"smallstalk analyze: failed: {text[0] if text else type(e).__name__}",
-              file=sys.stderr)
+        print(f"smallstalk analyze: failed: {brief(e)}", file=sys.stderr)
         if args.verbose:
             raise
         return 1

@@ -78,8 +78,16 @@ class SegmentFiles:
             self.f = None
 
 
+class Done(Exception):
+    """The simulation logged as many records as asked for."""
+
+
 class Sim:
-    """One server's traffic. `run(n)` logs about n records."""
+    """One server's traffic. `run(n)` logs exactly n records.
+
+    Stopping in the middle of an event is fine: every prefix of a valid log
+    is a valid log.
+    """
 
     def __init__(self, out: SegmentFiles, rng: random.Random, start_ns: int, span_ns: int,
                  n_records: int, tubes: int):
@@ -88,6 +96,7 @@ class Sim:
         self.now = start_ns
         self.start = start_ns
         self.seq = 0
+        self.limit = n_records
         self.next_job = 1
         self.next_conn = 1
         self.tubes = [f"tube-{i}" for i in range(tubes)]
@@ -119,6 +128,8 @@ class Sim:
 
     # -- plumbing --
     def log(self, cls: type, *fields: object) -> None:
+        if self.seq >= self.limit:
+            raise Done
         self.seq += 1
         self.out.add(cls(self.seq, self.now, *fields))
 
@@ -188,13 +199,14 @@ class Sim:
             self.reserver[jid] = w
             self.held[w].add(jid)
             x = rng.random()
-            run = int(rng.lognormvariate(0, 0.8) * self.service_mean[tube] * NS)
+            # log-normal with mean 1 (mu = -sigma^2 / 2), scaled to the tube's mean
+            run = int(rng.lognormvariate(-0.32, 0.8) * self.service_mean[tube] * NS)
             ttr_ns = self.job_ttr[jid] * NS
-            if x < 0.02:  # the worker hangs: the server times the job out
-                self.at(self.now + ttr_ns, "timeout", jid, w)
-                self.at(self.now + ttr_ns + NS, "free", w, tube)
-                continue
             run = min(run, ttr_ns - NS)
+            if x < 0.02:  # the handler dies silently: the server times the job out
+                self.at(self.now + ttr_ns, "timeout", jid, w)
+                self.at(self.now + run, "free", w, tube)  # the worker goes on with others
+                continue
             if x < 0.025:  # the worker dies holding the job
                 self.at(self.now + run, "disconnect", w, tube)
             elif x < 0.065:
@@ -275,8 +287,9 @@ class Sim:
                 self.dispatch(self.job_tube[jid])
         elif kind == "free":
             w, tube = args
-            self.idle[tube].append(w)
-            self.dispatch(tube)
+            if w in self.held:  # not gone (disconnect) meanwhile
+                self.idle[tube].append(w)
+                self.dispatch(tube)
         elif kind == "disconnect":
             w, tube = args
             self.log(r.Disconnect, w)
@@ -316,16 +329,25 @@ class Sim:
         for t in self.tubes:
             self.dispatch(t)
 
-    def run(self, n_records: int) -> None:
+    def run(self) -> None:
+        try:
+            self._run()
+        except Done:
+            pass
+
+    def _run(self) -> None:
+        new_epoch = getattr(r, "NewEpoch", None)
+        if new_epoch is not None:  # a fresh primary's log starts NewEpoch, Restart
+            self.log(new_epoch, 1, f"{self.rng.getrandbits(64):016x}")
         self.log(r.Restart)
         self.connect_all()
         for t in self.tubes:
             self.at(self.now + int(self.rng.expovariate(self.rate[t]) * NS), "arrival", t)
         self.at(self.now + 600 * NS, "kick")
-        restart_at = int(n_records * 0.6)
+        restart_at = int(self.limit * 0.6)
         restarted = False
         heap = self.heap
-        while self.seq < n_records:
+        while True:
             when, _tick, kind, data = heapq.heappop(heap)
             if when > self.now:
                 self.now = when
@@ -350,7 +372,7 @@ def generate(out: Path, n_records: int, servers: int = 1, tubes: int = 4, seed: 
         sim = Sim(files, random.Random(seed * 1000 + i), start_ns, int(span_s * NS),
                   per_server, tubes)
         try:
-            sim.run(per_server)
+            sim.run()
         finally:
             files.close()
         dirs.append(d)

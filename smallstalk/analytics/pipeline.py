@@ -29,8 +29,10 @@ a reservation), the job got an implicit event there: op "disconnect" or
 **States.** Each event's state after it follows from the op alone (put and
 release: delayed if delay > 0 else ready; reserve, touch: reserved; bury:
 buried; kick, promote, timeout, disconnect, restart: ready; delete: deleted),
-so one ordered window over each job gives the state before it, when the job
-entered that state, and what ended each reservation.
+so after one sort by (server, id, seq) two window passes do the rest: one
+over the whole job (where its story starts, what to drop), one ordered (the
+state before each event, when the job entered it, what ended each
+reservation, the implicit events), then one aggregation per job.
 
 **Attempts** (one per reserve): `wait_ns` = reserve time - time the job
 entered the state it was reserved from (normally ready: put, release, promote,
@@ -45,8 +47,8 @@ releases, buries, kicks, timeouts, touches, implicit releases; wait,
 first-wait and run-time percentiles of the attempts that started in the
 window; and the backlog at the end of the window: jobs alive (put, not yet
 deleted) and how many of them are ready, delayed, reserved, buried. Windows
-are dense from a tube's first event to the last event of all data, so
-backlog series have no holes.
+are dense from a tube's first event to the end of the data (the last record
+of any server), so backlog series have no holes.
 
 Percentiles are `percentile_approx` with `accuracy` (default 10000): exact
 nearest-rank (the smallest value with at least p of all values at or below
@@ -56,7 +58,6 @@ ranks above that.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -98,13 +99,18 @@ def floor_to(c: Column, n: int) -> Column:
     return c - F.pmod(c, F.lit(n))
 
 
+def div(c: Column, n: int) -> Column:
+    """Integer division rounding down (`/` would go through a double)."""
+    return F.call_function("div", floor_to(c, n), F.lit(n))
+
+
 def ns_day(c: Column) -> Column:
     """The UTC date of a time in ns, independent of the session time zone."""
-    return F.date_from_unix_date(((c - F.pmod(c, F.lit(DAY_NS))) / F.lit(DAY_NS)).cast("int"))
+    return F.date_from_unix_date(div(c, DAY_NS).cast("int"))
 
 
 def ns_timestamp(c: Column) -> Column:
-    return F.timestamp_micros(((c - F.pmod(c, F.lit(1000))) / F.lit(1000)).cast("long"))
+    return F.timestamp_micros(div(c, 1000))
 
 
 # --- lifecycles -----------------------------------------------------------------
@@ -191,44 +197,45 @@ def lifecycles(records: DataFrame) -> DataFrame:
          .withColumn("state", _after_state())
          .withColumn("since", _since()))
 
-    # Pass 2: reservations that a Disconnect/Restart ended before the job's next event.
-    next_seq = F.expr("lead(CASE WHEN op <> 'touch' THEN seq END, 1, NULL, true)").over(ordered)
-    e = e.withColumn("next_seq", next_seq).withColumn(
-        "implicit", (col("state") == "reserved") & (col("op") != "touch")
-        & col("ie_seq").isNotNull() & (col("next_seq").isNull() | (col("ie_seq") < col("next_seq"))))
-    fields = ["seq", "time", "op", "conn", "tube", "pri", "delay", "ttr", "body_size", "snap",
-              "origin", "state", "since"]
-    own = F.struct(*[col(f) for f in fields])
-    implicit = F.when(col("implicit"), F.struct(
-        col("ie_seq").alias("seq"), col("ie_time").alias("time"), col("ie_op").alias("op"),
-        col("conn"), *[F.lit(None).cast(t).alias(f) for f, t in (
-            ("tube", "string"), ("pri", "long"), ("delay", "long"), ("ttr", "long"),
-            ("body_size", "long"))],
-        F.lit(None).cast(e.schema["snap"].dataType).alias("snap"),
-        col("origin"), F.lit("ready").alias("state"), col("ie_time").alias("since")))
-    e = (e.select(*job, F.explode(F.array(own, implicit)).alias("e"))
-         .where(col("e").isNotNull())
-         .select(*job, *[col("e")[f].alias(f) for f in fields]))
-
-    # Pass 3: previous state and when it began; what ends each reservation.
-    prev = F.expr("lag(CASE WHEN op <> 'touch' THEN named_struct("
-                  "'state', state, 'since', since) END, 1, NULL, true)").over(ordered)
-    nxt = F.expr("lead(CASE WHEN op <> 'touch' THEN named_struct("
-                 "'seq', seq, 'time', time, 'op', op) END, 1, NULL, true)").over(ordered)
+    # Pass 2, one ordered window: the previous and the next non-touch row (a touch
+    # changes no state), and whether a Disconnect/Restart ended the reservation a
+    # row starts before the job's next event came: then the job has an implicit
+    # event there (reserved -> ready), which also ends that attempt.
+    prev = F.expr("lag(CASE WHEN op <> 'touch' THEN named_struct('seq', seq, 'state', state, "
+                  "'since', since, 'ie_seq', ie_seq, 'ie_time', ie_time) END, 1, NULL, true)")
+    nxt = F.expr("lead(CASE WHEN op <> 'touch' THEN named_struct('seq', seq, 'time', time, "
+                 "'op', op) END, 1, NULL, true)")
     running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     seed = F.coalesce(F.max(F.when(is_snap, col("snap.reserves"))).over(running), F.lit(0))
     attempt_no = F.sum(F.when(col("op") == "reserve", 1).otherwise(0)).over(running) + seed
-    e = (e.withColumn("prev", prev).withColumn("nxt", nxt).withColumn("attempt_no", attempt_no)
-         .withColumn("from_state", F.when(col("op") == "touch", "reserved")
-                     .otherwise(col("prev.state"))))
+    e = e.withColumns({"prev": prev.over(ordered), "nxt": nxt.over(ordered),
+                       "attempt_no": attempt_no})
 
+    def ends_early(state: Column, ie_seq: Column, next_seq: Column) -> Column:
+        return ((state == "reserved") & ie_seq.isNotNull()
+                & (next_seq.isNull() | (ie_seq < next_seq)))
+
+    not_touch = col("op") != "touch"
+    e = e.withColumn("implicit", not_touch & ends_early(col("state"), col("ie_seq"),
+                                                       col("nxt.seq")))
+    after_implicit = ends_early(col("prev.state"), col("prev.ie_seq"), col("seq"))
+    e = e.withColumns({
+        "from_state": F.when(~not_touch, "reserved").when(after_implicit, "ready")
+        .otherwise(col("prev.state")),
+        "prev_since": F.when(after_implicit, col("prev.ie_time")).otherwise(col("prev.since")),
+    })
+    end = F.when(col("implicit"), F.struct(col("ie_seq").alias("seq"), col("ie_time").alias("time"),
+                                           col("ie_op").alias("op"))).otherwise(col("nxt"))
     event = F.struct("seq", "time", "op", "conn", "from_state", col("state").alias("to_state"))
+    implicit_event = F.when(col("implicit"), F.struct(
+        col("ie_seq").alias("seq"), col("ie_time").alias("time"), col("ie_op").alias("op"),
+        "conn", F.lit("reserved").alias("from_state"), F.lit("ready").alias("to_state")))
     attempt = F.when(col("op") == "reserve", F.struct(
         col("attempt_no").alias("n"), "seq", "time", "conn", "from_state",
-        (col("time") - col("prev.since")).alias("wait_ns"),
-        col("nxt.seq").alias("end_seq"), col("nxt.time").alias("end_ns"),
-        F.coalesce(col("nxt.op"), F.lit("open")).alias("outcome"),
-        (col("nxt.time") - col("time")).alias("run_ns")))
+        (col("time") - col("prev_since")).alias("wait_ns"),
+        end["seq"].alias("end_seq"), end["time"].alias("end_ns"),
+        F.coalesce(end["op"], F.lit("open")).alias("outcome"),
+        (end["time"] - col("time")).alias("run_ns")))
 
     def from_start(c: str) -> Column:
         return F.max(F.when(col("op").isin("put", "snapshot"), col(c)))
@@ -256,16 +263,16 @@ def lifecycles(records: DataFrame) -> DataFrame:
         seeded("timeouts", "timeout").alias("timeouts"),
         seeded("kicks", "kick").alias("kicks"),
         F.sum(F.when(col("op") == "touch", 1).otherwise(0)).cast("long").alias("touches"),
-        F.sum(F.when(col("op").isin(*IMPLICIT_OPS), 1).otherwise(0)).cast("long")
-        .alias("implicit_releases"),
+        F.sum(col("implicit").cast("int")).cast("long").alias("implicit_releases"),
         F.max(F.when(col("op") == "delete", col("time"))).alias("deleted_ns"),
-        F.max_by("state", "seq").alias("state"),
         F.min("time").alias("first_ns"),
-        F.max("time").alias("last_ns"),
-        F.array_sort(F.collect_list(event)).alias("events"),
+        F.greatest(F.max("time"), F.max(F.when(col("implicit"), col("ie_time")))).alias("last_ns"),
+        F.array_sort(F.concat(F.collect_list(event), F.collect_list(implicit_event)))
+        .alias("events"),
         F.array_sort(F.collect_list(attempt)).alias("attempts"),
     )
     return (jobs
+            .withColumn("state", F.element_at("events", -1)["to_state"])
             .withColumn("first_wait_ns", col("first_reserve_ns") - col("put_ns"))
             .withColumn("latency_ns", col("deleted_ns") - col("put_ns"))
             .withColumn("put_at", ns_timestamp(col("put_ns")))
@@ -313,59 +320,64 @@ def _latency_aggs(accuracy: int) -> list[Column]:
     return out
 
 
-def windowed(jobs: DataFrame, attempts: DataFrame, width_ns: int, accuracy: int) -> DataFrame:
-    """Per (tube, window) metrics, dense over time, with the backlog at each window's end."""
+def windowed(jobs: DataFrame, attempts: DataFrame, width_ns: int, accuracy: int,
+             end_ns: int) -> DataFrame:
+    """Per (tube, window) metrics, dense up to `end_ns`, with the backlog at each window's end."""
     ev = (jobs.where(col("tube").isNotNull())
           .select("tube", F.explode("events").alias("e"))
-          .select("tube", floor_to(col("e.time"), width_ns).alias("window_ns"), "e.*"))
-    counts = ev.groupBy("tube", "window_ns").agg(
+          .select("tube", floor_to(col("e.time"), width_ns).alias("window_ns"),
+                  col("e.op").alias("op"), col("e.from_state").alias("frm"),
+                  col("e.to_state").alias("to")))
+
+    def moved(s: str) -> Column:
+        # +1 for the state an event enters, -1 for the one it leaves (a touch: both)
+        return (F.when(col("to") == s, 1).otherwise(0) - F.when(col("frm") == s, 1).otherwise(0))
+
+    stats = ev.groupBy("tube", "window_ns").agg(
         *[F.sum(F.when(col("op") == op, 1).otherwise(0)).cast("long").alias(name)
           for name, op in COUNTED_OPS],
         F.sum(F.when(col("op").isin(*IMPLICIT_OPS), 1).otherwise(0)).cast("long")
-        .alias("implicit_releases"))
-    # Backlog: -1 for the state an event leaves, +1 for the one it enters.
-    deltas = ev.where(col("op") != "touch").select(
-        "tube", "window_ns", F.explode(F.array(
-            F.struct(col("from_state").alias("s"), F.lit(-1).alias("d")),
-            F.struct(col("to_state").alias("s"), F.lit(1).alias("d")))).alias("x"))
-    moves = (deltas.where(col("x.s").isin(*STATES))
-             .groupBy("tube", "window_ns")
-             .agg(*[F.sum(F.when(col("x.s") == s, col("x.d")).otherwise(0)).cast("long")
-                    .alias(f"d_{s}") for s in STATES]))
+        .alias("implicit_releases"),
+        *[F.sum(moved(s)).cast("long").alias(f"d_{s}") for s in STATES])
     att = (attempts.where(col("tube").isNotNull())
            .withColumn("window_ns", floor_to(col("reserve_ns"), width_ns))
            .groupBy("tube", "window_ns").agg(
                F.sum(F.when(col("n") > 1, 1).otherwise(0)).cast("long").alias("re_reserves"),
                *_latency_aggs(accuracy)))
-    bounds = ev.groupBy("tube").agg(F.min("window_ns").alias("lo"))
-    end = ev.agg(F.max("window_ns").alias("hi"))
-    grid = (bounds.crossJoin(F.broadcast(end))
-            .select("tube", F.explode(F.sequence("lo", "hi", F.lit(width_ns))).alias("window_ns")))
-    out = (grid.join(counts, ["tube", "window_ns"], "left")
-           .join(moves, ["tube", "window_ns"], "left")
-           .join(att, ["tube", "window_ns"], "left")
-           .fillna(0, subset=[n for n, _ in COUNTED_OPS]
-                   + ["implicit_releases", "re_reserves"] + [f"d_{s}" for s in STATES]))
+    # Every reserve is an event, so each attempt window has a stats row.
+    per = stats.join(att, ["tube", "window_ns"], "left").fillna(0, subset=["re_reserves"])
+    # Dense: each row also stands for the empty windows up to the tube's next row (or the end).
+    by_time = Window.partitionBy("tube").orderBy("window_ns")
+    last = F.lit(end_ns - end_ns % width_ns)
+    filled = (per.withColumn("upto", F.coalesce(F.lead("window_ns").over(by_time)
+                                                - F.lit(width_ns), last))
+              .withColumn("w", F.explode(F.sequence("window_ns", F.greatest("upto", "window_ns"),
+                                                    F.lit(width_ns)))))
+    own = col("w") == col("window_ns")
+    metrics = [n for n, _ in COUNTED_OPS] + ["implicit_releases", "re_reserves"]
+    latency = [f"{n}_p{q}_ms" for n, _c, _o in LATENCIES for q in (50, 95, 99)]
+    out = filled.select(
+        "tube", col("w").alias("window_ns"),
+        *[F.when(own, col(m)).otherwise(0).alias(m) for m in metrics],
+        *[F.when(own, col(m)).alias(m) for m in latency],
+        *[F.when(own, col(f"d_{s}")).otherwise(0).alias(f"d_{s}") for s in STATES])
     running = Window.partitionBy("tube").orderBy("window_ns").rowsBetween(
         Window.unboundedPreceding, Window.currentRow)
-    for s in STATES:
-        out = out.withColumn(s, F.sum(f"d_{s}").over(running).cast("long")).drop(f"d_{s}")
+    out = out.withColumns({s: F.sum(f"d_{s}").over(running).cast("long") for s in STATES})
     out = out.withColumn("backlog", sum((col(s) for s in STATES), F.lit(0)).cast("long"))
     rate = {f"{name}_rate": F.when(col("reserves") > 0, col(name) / col("reserves"))
             for name in ("releases", "buries", "timeouts")}
     return (out.withColumns(rate)
             .withColumn("window", ns_timestamp(col("window_ns")))
             .withColumn("day", ns_day(col("window_ns")))
-            .select("window_ns", "window", *[n for n, _ in COUNTED_OPS], "implicit_releases",
-                    "re_reserves", *rate, *[c for n, _c, _o in LATENCIES for c in
-                                            (f"{n}_p50_ms", f"{n}_p95_ms", f"{n}_p99_ms")],
+            .select("window_ns", "window", *metrics, *rate, *latency,
                     "backlog", *STATES, "tube", "day"))
 
 
 def tube_summary(jobs: DataFrame, attempts: DataFrame, minutes: DataFrame,
                  accuracy: int) -> DataFrame:
-    """One row per tube over the whole time range."""
-    j = jobs.where(col("tube").isNotNull()).groupBy("tube").agg(
+    """One row per tube over the whole time range (tube null: the orphan jobs)."""
+    j = jobs.groupBy("tube").agg(
         F.countDistinct("server").alias("servers"),
         F.count("*").alias("jobs"),
         F.sum(F.when(col("origin") == "put", 1).otherwise(0)).cast("long").alias("puts"),
@@ -382,7 +394,7 @@ def tube_summary(jobs: DataFrame, attempts: DataFrame, minutes: DataFrame,
         .alias("reserved_more_than_once"),
         F.min("first_ns").alias("first_ns"), F.max("last_ns").alias("last_ns"),
         *_percentiles("latency", col("latency_ns"), accuracy))
-    a = attempts.where(col("tube").isNotNull()).groupBy("tube").agg(
+    a = attempts.groupBy("tube").agg(
         F.count("*").alias("attempts"), *_latency_aggs(accuracy))
     m = minutes.groupBy("tube").agg(
         F.max("backlog").alias("max_backlog"), F.max("ready").alias("max_ready"),
@@ -391,7 +403,7 @@ def tube_summary(jobs: DataFrame, attempts: DataFrame, minutes: DataFrame,
     out = j.join(a, "tube", "left").join(m, "tube", "left")
     rates = {f"{n}_rate": F.when(col("reserves") > 0, col(n) / col("reserves"))
              for n in ("releases", "buries", "timeouts")}
-    return out.withColumns(rates).orderBy("tube")
+    return out.withColumns(rates)
 
 
 def server_summary(records: DataFrame) -> DataFrame:
@@ -405,6 +417,7 @@ def server_summary(records: DataFrame) -> DataFrame:
         F.countDistinct(F.when(logged, col("segment"))).alias("segments"),
         F.sum((~logged).cast("int")).cast("long").alias("snapshot_jobs"),
         F.max(F.when(~logged, col("seq"))).alias("snapshot_seq"),
+        F.max(F.when(~logged, col("time"))).alias("snapshot_ns"),
         F.sum(F.when(col("op") == "restart", 1).otherwise(0)).cast("long").alias("restarts"),
     ).withColumn("missing", col("last_seq") - col("first_seq") + 1 - col("records")).orderBy("server")
 
@@ -412,8 +425,18 @@ def server_summary(records: DataFrame) -> DataFrame:
 # --- running it -------------------------------------------------------------------------
 
 
-def _write(df: DataFrame, path: Path | str, partitioned: bool = True) -> None:
-    w = (df.repartition("tube", "day") if partitioned else df.coalesce(1)).write.mode("overwrite")
+def _write(df: DataFrame, path: Path | str, partitioned: bool = True, big: bool = False) -> None:
+    """Parquet, partitioned by tube and day (or one file).
+
+    Small tables are shuffled into one file per (tube, day); big ones (jobs,
+    attempts) are written from the partitions they have, which saves a shuffle
+    of the largest data: a task writes one file per (tube, day) it holds.
+    """
+    if not partitioned:
+        df = df.coalesce(1)
+    elif not big:
+        df = df.repartition("tube", "day")
+    w = df.write.mode("overwrite")
     if partitioned:
         w = w.partitionBy("tube", "day")
     w.parquet(str(path))
@@ -446,40 +469,48 @@ def run(spark: SparkSession, records: DataFrame, out: Path | str, accuracy: int 
         step(f"{sum(s['records'] for s in servers):,} records from {len(servers)} servers; "
              "deriving job lifecycles")
         jobs_df = lifecycles(recs)
-        _write(jobs_df, f"{out}/jobs")
+        _write(jobs_df, f"{out}/jobs", big=True)
     finally:
         recs.unpersist()
     jobs = _read(spark, f"{out}/jobs", jobs_df)
     step("writing reservation attempts")
     attempts_df = attempts_of(jobs)
-    _write(attempts_df, f"{out}/attempts")
+    _write(attempts_df, f"{out}/attempts", big=True)
     attempts = _read(spark, f"{out}/attempts", attempts_df)
+    end_ns = max((t for srv in servers for t in (srv["last_ns"], srv["snapshot_ns"])
+                  if t is not None), default=0)
     tables: dict[str, DataFrame] = {}
     for name, width in WINDOWS.items():
         step(f"per-tube metrics per {name}")
-        df = windowed(jobs, attempts, width, accuracy)
+        df = windowed(jobs, attempts, width, accuracy, end_ns)
         _write(df, f"{out}/tube_{name}")
         tables[name] = _read(spark, f"{out}/tube_{name}", df)
     step("per-tube summary")
-    _write(tube_summary(jobs, attempts, tables["minute"], accuracy), f"{out}/tube_summary",
+    summary_df = tube_summary(jobs, attempts, tables["minute"], accuracy)
+    rows = summary_df.collect()
+    orphans = sum(r["jobs"] for r in rows if r["tube"] is None)
+    rows = sorted((r for r in rows if r["tube"] is not None), key=lambda r: r["tube"])
+    _write(spark.createDataFrame(rows, summary_df.schema), f"{out}/tube_summary",
            partitioned=False)
-    summary = _rows(spark.read.parquet(f"{out}/tube_summary").orderBy("tube"))
     _write(spark.createDataFrame(server_rows, servers_df.schema), f"{out}/servers",
            partitioned=False)
-    orphans = jobs.where(col("origin") == "orphan").count()
-    return {"servers": servers, "tubes": summary, "orphan_jobs": orphans}
+    return {"servers": servers, "tubes": [r.asDict(recursive=True) for r in rows],
+            "orphan_jobs": orphans, "end_ns": end_ns}
 
 
 def series(spark: SparkSession, out: Path | str, width: str) -> dict[str, list[dict[str, Any]]]:
     """Per tube, the window rows the report charts (a small aggregate)."""
-    df = spark.read.parquet(f"{str(out).rstrip('/')}/tube_{width}")
     keep = ["tube", "window_ns", "puts", "deletes", "reserves", "timeouts", "backlog", *STATES,
             "wait_p50_ms", "wait_p95_ms", "wait_p99_ms", "run_p50_ms", "run_p95_ms", "run_p99_ms"]
+    infer = "spark.sql.sources.partitionColumnTypeInference.enabled"
+    before = spark.conf.get(infer, "true")
+    spark.conf.set(infer, "false")  # tube names stay strings ("007" is not 7)
+    try:
+        df = spark.read.parquet(f"{str(out).rstrip('/')}/tube_{width}")
+        rows = _rows(df.select(*keep).orderBy("tube", "window_ns"))
+    finally:
+        spark.conf.set(infer, before)
     by_tube: dict[str, list[dict[str, Any]]] = {}
-    for r in _rows(df.select(*keep).orderBy("tube", "window_ns")):
+    for r in rows:
         by_tube.setdefault(str(r.pop("tube")), []).append(r)
     return by_tube
-
-
-def to_json(obj: Any) -> str:
-    return json.dumps(obj, default=str, indent=1, sort_keys=True)

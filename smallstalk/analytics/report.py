@@ -22,9 +22,13 @@ NS = 1_000_000_000
 
 
 def duration(ms: float | None) -> str:
-    """A human duration: 0.4ms, 12ms, 1.52s, 3m05s, 2h10m, 3d04h."""
+    """A human duration: 40µs, 0.4ms, 12ms, 1.52s, 3m05s, 2h10m, 3d04h."""
     if ms is None or (isinstance(ms, float) and math.isnan(ms)):
         return "-"
+    if ms == 0:
+        return "0"
+    if ms < 0.1:
+        return f"{ms * 1000:.0f}µs"
     if ms < 10:
         return f"{ms:.1f}ms"
     if ms < 1000:
@@ -34,12 +38,12 @@ def duration(ms: float | None) -> str:
         return f"{s:.2f}s" if s < 10 else f"{s:.1f}s"
     m, s = divmod(int(round(s)), 60)
     if m < 60:
-        return f"{m}m{s:02d}s"
+        return f"{m}m{s:02d}s" if s else f"{m}m"
     h, m = divmod(m, 60)
     if h < 48:
-        return f"{h}h{m:02d}m"
+        return f"{h}h{m:02d}m" if m else f"{h}h"
     d, h = divmod(h, 24)
-    return f"{d}d{h:02d}h"
+    return f"{d}d{h:02d}h" if h else f"{d}d"
 
 
 def count(n: int | None) -> str:
@@ -171,6 +175,12 @@ def _time_ticks(t0: int, t1: int) -> list[tuple[int, str]]:
     return out
 
 
+# Log-axis ticks for durations (ms) at round units: 10µs ... 1ms, 10ms, 100ms, 1s, 10s,
+# 1m, 10m, 1h, 10h, 1d, 10d.
+LOG_MS_TICKS = (0.01, 0.1, 1, 10, 100, 1000, 10_000, 60_000, 600_000, 3_600_000, 36_000_000,
+                86_400_000, 864_000_000)
+
+
 class Chart:
     """One SVG plot: time on x, a linear or log10 y axis."""
 
@@ -194,7 +204,9 @@ class Chart:
 
     def axes(self) -> None:
         p = self.parts
-        if self.log:
+        if self.log and self.unit == "ms":
+            ticks = [v for v in LOG_MS_TICKS if self.lo <= math.log10(v) <= self.hi + 1e-9]
+        elif self.log:
             ticks = [10.0 ** k for k in range(math.floor(self.lo), math.ceil(self.hi) + 1)
                      if self.lo <= k <= self.hi]
         else:
@@ -203,6 +215,8 @@ class Chart:
             y = self.y(v)
             label = duration(v) if self.unit == "ms" else (f"{v:,.0f}" if v >= 1 or v == 0
                                                            else f"{v:g}")
+            if self.log and v == ticks[0]:
+                label = "≤" + label  # zeros and anything smaller sit on the bottom line
             p.append(f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{y:.1f}" y2="{y:.1f}" '
                      'class="grid"/>')
             p.append(f'<text x="{PAD_L - 6}" y="{y + 4:.1f}" class="yl">{html.escape(label)}</text>')
@@ -272,10 +286,14 @@ def wait_chart(points: list[Row], width: str, prefix: str = "wait",
     t0, t1 = _span(points)
     if not vals:
         return f"<p class='none'>{html.escape(title)}: no reservations</p>"
-    lo, hi = min(vals), max(vals)
-    log = hi > 0 and (lo <= 0 or hi / max(lo, 1e-3) > 50)
+    positive = [v for v in vals if v > 0]
+    hi = max(vals)
+    # Waits span microseconds to hours: a log axis from the smallest positive value
+    # (at least 10µs; zeros sit on the bottom line) once the spread is wide.
+    lo = max(min(positive), 0.01) if positive else 0.01
+    log = hi / lo > 50
     c = Chart(f"{title}, per {width} (percentiles)", t0, t1,
-              max(lo, 0.01) if log else 0, hi, log=log, unit="ms")
+              10 ** math.floor(math.log10(lo)) if log else 0, hi, log=log, unit="ms")
     c.axes()
     legend = []
     for k, color, name in zip(keys, LINE_COLORS, ("p50", "p95", "p99"), strict=True):

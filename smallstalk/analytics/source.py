@@ -26,9 +26,10 @@ alive before the oldest segment. Bodies are not loaded into the DataFrame
 unless `bodies` is "true" (`body_size` is always there).
 
 Options: `bodies` (false), `snapshots` (true: include the newest snapshot's
-jobs), `damaged` ("fail": a bad frame anywhere but at the end of a server's
-last segment fails the read, as recovery would; "skip": keep the records
-before it), `partitionBytes` (33554432), `batchRows` (65536), `serverNames`.
+jobs), `damaged` ("fail": a bad frame anywhere but in a server's last
+segment, or a bad snapshot, fails the read, as recovery would; "skip": keep
+the records before it, skip the snapshot), `partitionBytes` (33554432),
+`batchRows` (65536), `serverNames`.
 Paths may be local paths or URIs that `pyarrow.fs.FileSystem.from_uri`
 understands (s3://, gs://, hdfs://, file://); globs (`*`, `?`, `[...]`) are
 allowed in the last path component of a URI and anywhere in a local path.
@@ -39,7 +40,6 @@ from __future__ import annotations
 import fnmatch
 import glob
 import json
-import operator
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -80,7 +80,8 @@ COLUMNS: tuple[tuple[str, pa.DataType, str, str], ...] = (
     ("body_size", pa.int64(), "BIGINT", "body length in bytes (put, snapshot)"),
     ("body", pa.binary(), "BINARY", "the body (only with option bodies=true)"),
     ("segment", pa.int64(), "BIGINT", "first seq of the segment file (snapshot rows: its seq)"),
-    ("offset", pa.int64(), "BIGINT", "byte offset of the record's frame in its file"),
+    ("offset", pa.int64(), "BIGINT", "byte offset of the record's frame in its file "
+                                     "(snapshot rows: the item's index)"),
     ("snap", SNAP_TYPE, "STRUCT<" + ", ".join(
         f"{n}: {'STRING' if t == pa.string() else 'BIGINT'}" for n, t in SNAP_FIELDS) + ">",
      "snapshot rows: state, created (ns), deadline (ns), reserver, counters"),
@@ -126,7 +127,7 @@ def server_name_of(path: str) -> str:
 def expand(pattern: str) -> list[str]:
     """Directories a DATA_DIR argument names (globs expanded, sorted)."""
     if not GLOB_CHARS & set(pattern):
-        return [pattern]
+        return [pattern] if _is_uri(pattern) or os.path.isdir(pattern) else []
     if not _is_uri(pattern):
         return sorted(p for p in glob.glob(pattern) if os.path.isdir(p))
     parent, _, last = pattern.rstrip("/").rpartition("/")
@@ -240,22 +241,30 @@ def plan(servers: Sequence[tuple[str, str]], snapshots: bool = True,
 # --- decoding -------------------------------------------------------------------
 
 
-def _extractors() -> dict[type, tuple[str, Any, tuple[int, ...], int]]:
-    """Per record class: op name, a getter of its fields, their columns, the body's index."""
+def _fillers(bodies: bool) -> dict[type, Any]:
+    """Per record class, a function that writes a record's fields into the column lists.
+
+    Generated from `records.FIELDS` (fields are matched to columns by name, so
+    the format has one definition), as straight-line code: this is the hot loop.
+    """
     out = {}
     for cls, fields in records.FIELDS.items():
-        cols, names, body_at = [], [], -1
+        op = records.OP_NAMES.get(cls, cls.__name__.lower())
+        lines = ["def fill(rec, c, n, segment, offset):"]
         for name in fields:
             if name == "body":
-                body_at = len(names)
-                cols.append(COLUMN_INDEX["body_size"])
-            elif name in COLUMN_INDEX:
-                cols.append(COLUMN_INDEX[name])
-            else:
-                continue  # a field the schema does not show
-            names.append(name)
-        getter = operator.attrgetter(*names)
-        out[cls] = (records.OP_NAMES[cls], getter, tuple(cols), body_at)
+                lines.append(f"    c[{COLUMN_INDEX['body_size']}][n] = len(rec.body)")
+                if bodies:
+                    lines.append(f"    c[{BODY}][n] = rec.body")
+            elif name in COLUMN_INDEX and name.isidentifier():
+                lines.append(f"    c[{COLUMN_INDEX[name]}][n] = rec.{name}")
+            # else: a field the schema does not show (e.g. new-epoch's history)
+        lines += [f"    c[{COLUMN_INDEX['op']}][n] = {op!r}",
+                  f"    c[{COLUMN_INDEX['segment']}][n] = segment",
+                  f"    c[{COLUMN_INDEX['offset']}][n] = offset"]
+        namespace: dict[str, Any] = {}
+        exec("\n".join(lines), namespace)  # noqa: S102 - code built from attrs field names
+        out[cls] = namespace["fill"]
     return out
 
 
@@ -267,7 +276,7 @@ class Batcher:
         self.bodies = bodies
         self.rows = rows
         self.schema = arrow_schema(bodies)
-        self.extract = _extractors()
+        self.fill = _fillers(bodies)
         self._reset()
 
     def _reset(self) -> None:
@@ -276,23 +285,8 @@ class Batcher:
 
     def add_record(self, rec: records.Record, segment: int, offset: int) -> bool:
         """Add one record; True when a batch is full."""
-        op, getter, cols, body_at = self.extract[type(rec)]
-        n = self.n
-        c = self.cols
-        values = getter(rec)
-        if len(cols) == 1:
-            values = (values,)
-        for ci, v in zip(cols, values, strict=True):
-            c[ci][n] = v
-        if body_at >= 0:
-            body = values[body_at]
-            c[cols[body_at]][n] = len(body)
-            if self.bodies:
-                c[BODY][n] = body
-        c[COLUMN_INDEX["op"]][n] = op
-        c[COLUMN_INDEX["segment"]][n] = segment
-        c[COLUMN_INDEX["offset"]][n] = offset
-        self.n = n + 1
+        self.fill[type(rec)](rec, self.cols, self.n, segment, offset)
+        self.n += 1
         return self.n >= self.rows
 
     def add_snapshot_job(self, item: list, seq: int, time: int, offset: int) -> bool:
@@ -346,7 +340,7 @@ def read_segments(part: FilesPartition, bodies: bool = False, damaged: str = "fa
                     if not entry.clean and not is_last and damaged != "skip":
                         raise aof.CorruptionError(Path(path), entry.end, None,
                                                   f"{entry.why} (not the last segment)")
-                    break  # a torn tail of the last segment ends it, as in recovery
+                    break  # the last segment: a torn tail, or still being written
                 offset, rec = entry
                 if out.add_record(rec, first, offset):
                     yield out.batch()
@@ -418,7 +412,11 @@ class SmallstalkReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, FilesPartition)
         if partition.kind == "snapshot":
-            yield from read_snapshot(partition, self.bodies, self.rows)
+            try:
+                yield from read_snapshot(partition, self.bodies, self.rows)
+            except aof.CorruptionError:
+                if self.damaged != "skip":
+                    raise  # (skip: the jobs it held become orphans)
         else:
             yield from read_segments(partition, self.bodies, self.damaged, self.rows)
 
