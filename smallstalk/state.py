@@ -536,16 +536,19 @@ class State:
             heapq.heappop(heap)
         return None
 
-    def _top_delayed(self, t: Tube) -> Job | None:
-        heap = t.delayed
+    def _heap_top(self, heap: list, state: int) -> Job | None:
+        """The job at the top of a (key, id, gen) heap, dropping stale entries."""
         jobs = self.jobs
         while heap:
             _, jid, gen = heap[0]
             j = jobs.get(jid)
-            if j is not None and j.gen == gen and j.state == DELAYED:
+            if j is not None and j.gen == gen and j.state == state:
                 return j
             heapq.heappop(heap)
         return None
+
+    def _top_delayed(self, t: Tube) -> Job | None:
+        return self._heap_top(t.delayed, DELAYED)
 
     def peek_ready(self, tube: str) -> Job | None:
         t = self.tubes.get(tube)
@@ -641,25 +644,15 @@ class State:
                 out.append(jid)
         return out
 
-    def _heap_head(self, heap: list, state: int) -> int | None:
-        jobs = self.jobs
-        while heap:
-            d, jid, gen = heap[0]
-            j = jobs.get(jid)
-            if j is not None and j.gen == gen and j.state == state:
-                return d
-            heapq.heappop(heap)
-        return None
-
     def next_deadline(self, now: int) -> int | None:
         """The earliest time (ns) at which something changes without a command."""
         times = []
-        d = self._heap_head(self.delay_heap, DELAYED)
-        if d is not None:
-            times.append(d)
-        d = self._heap_head(self.ttr_heap, RESERVED)
-        if d is not None:
-            times.append(d + 1)  # a TTR runs out strictly after its deadline
+        j = self._heap_top(self.delay_heap, DELAYED)
+        if j is not None:
+            times.append(j.deadline)
+        j = self._heap_top(self.ttr_heap, RESERVED)
+        if j is not None:
+            times.append(j.deadline + 1)  # a TTR runs out strictly after its deadline
         if self.waiting_n:
             for c in self.waiters.values():
                 if c.wait_deadline is not None:
