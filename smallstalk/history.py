@@ -341,13 +341,16 @@ class OpenDir:
         self.close()
 
 
-def open_dir(data_dir: Path, tries: int = 3) -> OpenDir:
+def open_dir(data_dir: Path, tries: int = 50) -> OpenDir:
     """List the directory and open its files at once (segments: the first EAGER_OPEN).
 
     A file unlinked between listing and opening means a compaction just
-    finished: list again.
+    finished: list again (after a short pause, growing: a server compacting
+    constantly can take several tries).
     """
-    for _ in range(tries):
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(min(0.002 * attempt, 0.05))
         lay = layout(data_dir)
         opened = OpenDir(lay, [], [])
         try:
