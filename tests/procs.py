@@ -27,19 +27,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before listening")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.02)
-    raise RuntimeError(f"server did not listen on {port} within {timeout}s")
-
-
 def wait_for(cond, timeout: float = 30.0, what: str = "condition") -> None:
     """Poll `cond` until it holds; fail naming `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout

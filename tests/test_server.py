@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import resource
 import socket
 import subprocess
@@ -235,5 +234,3 @@ def _rss_kb(pid: int) -> int:
             return int(line.split()[1])
     raise RuntimeError("no VmRSS")
 
-
-assert os.name == "posix"
