@@ -39,6 +39,7 @@ from . import dispatch
 from . import protocol as p
 from . import records as r
 from .journal import Journal, JournalError
+from .policy import ConfigError, Policies, load_policies
 from .state import NS, State
 
 log = logging.getLogger("smallstalk.loop")
@@ -134,6 +135,9 @@ class MutationLoop:
         self._turn_seq0 = state.last_seq
         self.follower = None  # replica.Follower, on a replica
         self.promotion_scope: trio.CancelScope | None = None
+        # Per-tube policy (limits, expiry, fanout): configuration, reloadable.
+        self.policies = Policies()
+        self.config_path: Path | None = None
 
     # --- the connection side (called from connection tasks) ----------------------
 
@@ -164,6 +168,22 @@ class MutationLoop:
         if isinstance(box[0], BaseException):
             raise box[0]
         return box[0]
+
+    def reload_config(self) -> str | None:
+        """Re-read the tube policies from `config_path`; an error message, or None.
+
+        Runs inside a turn (through `call`, or from the admin command): the new
+        policies apply from the next decision on; the old ones stay on error.
+        """
+        if self.config_path is None:
+            return "no configuration file (start with --config FILE)"
+        try:
+            self.policies = load_policies(self.config_path)
+        except ConfigError as e:
+            log.error("configuration not reloaded: %s", e)
+            return str(e)
+        log.info("tube policies reloaded from %s", self.config_path)
+        return None
 
     # --- what handlers call -----------------------------------------------------
 

@@ -1,0 +1,195 @@
+"""Per-tube policy: limits, expiry, fanout and memory budgets, and where they come from.
+
+A `TubePolicy` is configuration, not queue state: the mutation loop consults
+it when it decides (refuse a put, drop the oldest jobs, expire a job, copy a
+put into fanout tubes) and writes the decision into a record, so a replay
+never needs the policy that was in force. That is what lets an operator
+change policies with a reload without touching the log.
+
+The TOML file (`--config`) has a `[server]` table (read by config.py) and
+`[tubes.default]` plus `[tubes."<name>"]` tables: every named tube inherits
+the default's settings and overrides what it names. Keys use beanstalkd's
+dashed spelling: see `TUBE_KEYS` and the README's configuration section.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+DEFAULT = "default"
+
+
+class ConfigError(Exception):
+    """A configuration file that cannot be used; the message names file and key."""
+
+
+@attrs.frozen
+class TubePolicy:
+    max_jobs: int = 0  # jobs in the tube, any state; 0 = unlimited
+    max_bytes: int = 0  # body bytes in the tube; 0 = unlimited
+    max_job_size: int = 0  # bytes; 0 = the server's -z
+    discard_old_when_full: bool = False  # drop the oldest ready jobs instead of refusing
+    max_age: int = 0  # seconds a job may live before it expires; 0 = never
+    expire_to: str = ""  # tube that expired jobs move to; "" = delete them
+    fanout_only: bool = False  # a parent that only feeds its `parent+child` tubes
+    max_memory: int = 0  # body bytes this tube keeps in memory; 0 = server budget only
+
+    def as_toml_dict(self) -> dict[str, Any]:
+        return {key: getattr(self, attr) for key, (attr, _kind) in TUBE_KEYS.items()}
+
+
+# TOML key -> (attribute, kind)
+TUBE_KEYS: dict[str, tuple[str, str]] = {
+    "max-jobs": ("max_jobs", "count"),
+    "max-bytes": ("max_bytes", "size"),
+    "max-job-size": ("max_job_size", "size"),
+    "discard-old-when-full": ("discard_old_when_full", "bool"),
+    "max-age": ("max_age", "duration"),
+    "expire-to": ("expire_to", "tube"),
+    "fanout-only": ("fanout_only", "bool"),
+    "max-memory": ("max_memory", "size"),
+}
+
+
+@attrs.frozen
+class Policies:
+    """The effective policy of every tube: `of(name)`."""
+
+    default: TubePolicy = TubePolicy()
+    tubes: Mapping[str, TubePolicy] = attrs.field(factory=dict)
+
+    def of(self, tube: str) -> TubePolicy:
+        return self.tubes.get(tube, self.default)
+
+    def dump(self, names: list[str]) -> list[tuple[str, TubePolicy]]:
+        """(tube, effective policy) for `default`, every configured tube and `names`."""
+        seen = [DEFAULT, *sorted(self.tubes)]
+        seen += [n for n in names if n not in seen]
+        return [(n, self.of(n)) for n in seen]
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.I)
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$", re.I)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+TUBE_NAME = re.compile(r"^[A-Za-z0-9+/;.$_()][A-Za-z0-9+/;.$_()-]{0,199}$")
+
+
+def parse_size(value: object, where: str) -> int:
+    """An int of bytes, or a string like "64MB" / "64MiB" / "512k" (powers of 1024)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected a size, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{where}: must not be negative")
+        return value
+    m = _SIZE.match(value) if isinstance(value, str) else None
+    if not m:
+        raise ConfigError(f"{where}: expected a size like 65536 or \"64MB\", got {value!r}")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def parse_duration(value: object, where: str) -> int:
+    """Seconds: an int, or a string like "90s", "15m", "2h", "7d"."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected a duration, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{where}: must not be negative")
+        return value
+    m = _DURATION.match(value) if isinstance(value, str) else None
+    if not m:
+        raise ConfigError(f"{where}: expected seconds or a duration like \"15m\", got {value!r}")
+    return int(m.group(1)) * _SECONDS[m.group(2).lower()]
+
+
+def _value(kind: str, value: object, where: str) -> object:
+    if kind == "size":
+        return parse_size(value, where)
+    if kind == "duration":
+        return parse_duration(value, where)
+    if kind == "count":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{where}: expected a whole number >= 0, got {value!r}")
+        return value
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if not isinstance(value, str) or (value and not TUBE_NAME.match(value)):
+        raise ConfigError(f"{where}: expected a tube name, got {value!r}")
+    return value
+
+
+def _policy(base: TubePolicy, table: object, where: str) -> TubePolicy:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a table")
+    changes = {}
+    for key, value in table.items():
+        if key not in TUBE_KEYS:
+            known = ", ".join(TUBE_KEYS)
+            raise ConfigError(f"{where}: unknown key {key!r} (known: {known})")
+        attr, kind = TUBE_KEYS[key]
+        changes[attr] = _value(kind, value, f"{where}.{key}")
+    return attrs.evolve(base, **changes)
+
+
+def policies_from(doc: Mapping[str, Any], source: str = "config") -> Policies:
+    """Policies from a parsed TOML document (its `tubes` table)."""
+    tubes = doc.get("tubes", {})
+    if not isinstance(tubes, dict):
+        raise ConfigError(f"{source}: `tubes` must be a table")
+    default = _policy(TubePolicy(), tubes.get(DEFAULT, {}), f"{source}: tubes.{DEFAULT}")
+    named = {}
+    for name, table in tubes.items():
+        if name == DEFAULT:
+            continue
+        if not TUBE_NAME.match(name):
+            raise ConfigError(f"{source}: tubes.{name!r}: not a valid tube name")
+        named[name] = _policy(default, table, f"{source}: tubes.{name}")
+    for name, pol in [(DEFAULT, default), *named.items()]:
+        if pol.expire_to == name:
+            raise ConfigError(f"{source}: tubes.{name}.expire-to: a tube cannot expire into itself")
+    return Policies(default, named)
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+
+
+def load_policies(path: Path) -> Policies:
+    return policies_from(read_toml(path), str(path))
+
+
+def fanout_parent(tube: str) -> str | None:
+    """`orders` for `orders+audit`: the tube whose puts a fanout tube copies."""
+    parent, plus, child = tube.partition("+")
+    return parent if plus and parent and child else None
+
+
+def render(rows: list[tuple[str, TubePolicy]]) -> bytes:
+    """The effective settings as YAML (the `config` command and `config dump`)."""
+    out = ["---"]
+    for name, pol in rows:
+        out.append(f"{name}:")
+        for key, value in pol.as_toml_dict().items():
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, str):
+                text = f'"{value}"'
+            else:
+                text = str(value)
+            out.append(f"  {key}: {text}")
+    return ("\n".join(out) + "\n").encode()
