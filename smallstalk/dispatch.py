@@ -52,7 +52,7 @@ def reserve(lp: MutationLoop, s: Session, cmd: p.Reserve):
     job = st.best_ready(s.id, now)
     if job is not None:
         lp.log(r.Reserve, s.id, job.id)
-        return p.job_reply(b"RESERVED", job.id, job.body)
+        return p.job_reply(b"RESERVED", job.id, lp.body_of(job))
     if cmd.timeout == 0 or s.halfclosed:
         return p.TIMED_OUT
     deadline = None if cmd.timeout is None else now + cmd.timeout * NS
@@ -67,7 +67,7 @@ def reserve_job(lp: MutationLoop, s: Session, cmd: p.ReserveJob):
         return p.NOT_FOUND
     s.worker = True
     lp.log(r.Reserve, s.id, job.id)
-    return p.job_reply(b"RESERVED", job.id, job.body)
+    return p.job_reply(b"RESERVED", job.id, lp.body_of(job))
 
 
 def delete(lp: MutationLoop, s: Session, cmd: p.Delete):
@@ -142,28 +142,28 @@ def ignore(lp: MutationLoop, s: Session, cmd: p.Ignore):
     return p.watching(len(lp.state.watch_of(s.id)))
 
 
-def _found(job):
-    return p.NOT_FOUND if job is None else p.job_reply(b"FOUND", job.id, job.body)
+def _found(lp: MutationLoop, job):
+    return p.NOT_FOUND if job is None else p.job_reply(b"FOUND", job.id, lp.body_of(job))
 
 
 def peek(lp: MutationLoop, s: Session, cmd: p.Peek):
     lp.count("cmd-peek")
-    return _found(lp.state.jobs.get(cmd.id))
+    return _found(lp, lp.state.jobs.get(cmd.id))
 
 
 def peek_ready(lp: MutationLoop, s: Session, cmd: p.PeekReady):
     lp.count("cmd-peek-ready")
-    return _found(lp.state.peek_ready(_used(lp, s)))
+    return _found(lp, lp.state.peek_ready(_used(lp, s)))
 
 
 def peek_delayed(lp: MutationLoop, s: Session, cmd: p.PeekDelayed):
     lp.count("cmd-peek-delayed")
-    return _found(lp.state.peek_delayed(_used(lp, s)))
+    return _found(lp, lp.state.peek_delayed(_used(lp, s)))
 
 
 def peek_buried(lp: MutationLoop, s: Session, cmd: p.PeekBuried):
     lp.count("cmd-peek-buried")
-    return _found(lp.state.peek_buried(_used(lp, s)))
+    return _found(lp, lp.state.peek_buried(_used(lp, s)))
 
 
 def kick(lp: MutationLoop, s: Session, cmd: p.Kick):

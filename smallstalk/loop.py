@@ -138,6 +138,7 @@ class MutationLoop:
         # Per-tube policy (limits, expiry, fanout): configuration, reloadable.
         self.policies = Policies()
         self.config_path: Path | None = None
+        self.bodies = None  # the read-behind body store (bodies.py), when there is a budget
 
     # --- the connection side (called from connection tasks) ----------------------
 
@@ -230,6 +231,13 @@ class MutationLoop:
             self.journal.expect_seq(rec.seq)
             self._stage(rec)
             st.apply(rec)
+
+    def body_of(self, job) -> bytes:
+        """A job's body, read back from disk if read-behind keeps it there."""
+        body = job.body
+        if isinstance(body, int):
+            return self.bodies.read(body)
+        return body
 
     def volatile(self, cls: type, *fields) -> None:
         self.state.apply(cls(0, self.now, *fields))
@@ -406,7 +414,7 @@ class MutationLoop:
                 continue
             self.log(r.Reserve, cid, job.id)
             s.blocked = False
-            s.out.append(p.job_reply(b"RESERVED", job.id, job.body))
+            s.out.append(p.job_reply(b"RESERVED", job.id, self.body_of(job)))
             s.out_mut.append(True)
             self._run(s)
 

@@ -23,7 +23,7 @@ from typing import ClassVar
 import attrs
 import cbor2
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: PutJobs, Expire, DeleteTube; snapshot items for big tubes
 
 
 @attrs.frozen(slots=True)
@@ -194,6 +194,59 @@ class NewEpoch:
     history: str
 
 
+@attrs.frozen(slots=True)
+class PutJobs:
+    """A put with smallstalk's extras, as one atomic record (format 2).
+
+    `jobs` are the (id, tube) pairs made from the one body: the tube put into
+    (absent when it is fanout-only) and a copy per fanout tube `tube+child`.
+    `dropped` are ready jobs discarded first to make room (discard-old-when-
+    full). `expires` is the absolute expiry time (ns, 0 = never). The body is
+    the last field, so its bytes end where the frame ends (read-behind reads
+    it back by offset).
+    """
+
+    CODE: ClassVar[int] = 17
+    seq: int
+    time: int
+    conn: int
+    jobs: tuple[tuple[int, str], ...] = attrs.field(
+        converter=lambda xs: tuple((int(i), str(t)) for i, t in xs))
+    pri: int
+    delay: int
+    ttr: int
+    expires: int
+    dropped: tuple[int, ...] = attrs.field(converter=tuple)
+    body: bytes
+
+
+@attrs.frozen(slots=True)
+class Expire:
+    """Ready or delayed jobs past their expiry time: deleted, or moved.
+
+    Each move is `(id, to, expires)`: `to` is the dead-letter tube ("" deletes
+    the job) and `expires` its new expiry time there (0 = never). One record
+    for the whole batch, so a move is never half done.
+    """
+
+    CODE: ClassVar[int] = 18
+    seq: int
+    time: int
+    moves: tuple[tuple[int, str, int], ...] = attrs.field(
+        converter=lambda xs: tuple((int(i), str(t), int(e)) for i, t, e in xs))
+
+
+@attrs.frozen(slots=True)
+class DeleteTube:
+    """`delete-tube parent+child`: the fanout tube gets no more copies."""
+
+    CODE: ClassVar[int] = 19
+    seq: int
+    time: int
+    conn: int
+    tube: str
+
+
 # --- volatile: applied, never logged --------------------------------------
 
 
@@ -226,11 +279,12 @@ class WaitStop:
 
 LOGGED_TYPES = (
     Put, Reserve, Delete, Release, Bury, Touch, Kick, Use, Watch, Ignore, PauseTube,
-    Disconnect, Promote, Timeout, Restart, NewEpoch,
+    Disconnect, Promote, Timeout, Restart, NewEpoch, PutJobs, Expire, DeleteTube,
 )
 Record = (
     Put | Reserve | Delete | Release | Bury | Touch | Kick | Use | Watch | Ignore | PauseTube
-    | Disconnect | Promote | Timeout | Restart | NewEpoch | Connect | WaitStart | WaitStop
+    | Disconnect | Promote | Timeout | Restart | NewEpoch | PutJobs | Expire | DeleteTube
+    | Connect | WaitStart | WaitStop
 )
 
 for _cls in LOGGED_TYPES:
@@ -244,7 +298,8 @@ OP_NAMES: dict[type, str] = {
     Put: "put", Reserve: "reserve", Delete: "delete", Release: "release", Bury: "bury",
     Touch: "touch", Kick: "kick", Use: "use", Watch: "watch", Ignore: "ignore",
     PauseTube: "pause-tube", Disconnect: "disconnect", Promote: "promote",
-    Timeout: "timeout", Restart: "restart", NewEpoch: "new-epoch",
+    Timeout: "timeout", Restart: "restart", NewEpoch: "new-epoch", PutJobs: "put-jobs",
+    Expire: "expire", DeleteTube: "delete-tube",
 }
 
 

@@ -16,14 +16,27 @@ Invariants (checked by `check()` in tests):
 
 Heaps hold `(key, id, gen)` entries and are cleaned lazily: an entry is live
 only while the job still has that `gen`, which every state change bumps.
+
+Big tubes: a job's `body` is bytes, or an int reference that the mutation
+loop put there after the body reached the AOF (`spill`): read-behind keeps
+memory bounded. The state never reads a body; it only keeps the byte counts
+(`bytes_n`, `spilled_n`) and tells `bodies.drop(ref)` when a spilled job
+goes, so the loop's body store can close files nobody refers to. A
+reference's low 32 bits are the body's length.
+
+Fanout: a tube named `parent+child` is registered as a copy target of
+`parent` when it comes into existence, and stays registered (even while the
+tube itself is dropped for lack of references) until a DeleteTube record.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Iterator
 
 from . import records as r
+from .policy import fanout_parent
 from .protocol import URGENT_THRESHOLD
 
 READY, DELAYED, RESERVED, BURIED = range(4)
@@ -63,10 +76,10 @@ class Job:
 
     __slots__ = (
         "id", "tube", "pri", "delay", "ttr", "body", "state", "created", "deadline",
-        "reserver", "gen", "counts",
+        "reserver", "gen", "counts", "expires",
     )
 
-    def __init__(self, id, tube, pri, delay, ttr, body, created):
+    def __init__(self, id, tube, pri, delay, ttr, body, created, expires=0):
         self.id = id
         self.tube = tube
         self.pri = pri
@@ -79,12 +92,17 @@ class Job:
         self.reserver = 0
         self.gen = 0
         self.counts = _ZERO_COUNTS
+        self.expires = expires  # ns; 0 = never
 
     reserves = _counter(0)
     timeouts = _counter(1)
     releases = _counter(2)
     buries = _counter(3)
     kicks = _counter(4)
+
+
+def body_len(body: bytes | int) -> int:
+    return body & _M32 if isinstance(body, int) else len(body)
 
 
 def _ready_key(j: Job) -> int:
@@ -99,7 +117,8 @@ class Tube:
     __slots__ = (
         "name", "ready", "delayed", "buried", "ready_n", "urgent_n", "reserved_n",
         "delayed_n", "jobs_n", "total_jobs", "cmd_delete", "cmd_pause", "pause",
-        "unpause_at", "using_n", "watching_n", "waiting",
+        "unpause_at", "using_n", "watching_n", "waiting", "bytes_n", "spilled_n",
+        "expired_n", "discarded_n", "arrivals",
     )
 
     def __init__(self, name: str):
@@ -113,6 +132,12 @@ class Tube:
         self.unpause_at = 0  # ns
         self.using_n = self.watching_n = 0
         self.waiting: list[int] = []  # conn ids, oldest first (volatile)
+        self.bytes_n = 0  # body bytes of its jobs
+        self.spilled_n = 0  # ...of which on disk (read-behind)
+        self.expired_n = self.discarded_n = 0
+        # Job ids in the order they arrived, cleaned lazily: the oldest ready
+        # jobs are the ones discard-old-when-full drops.
+        self.arrivals: deque[int] = deque()
 
     def paused(self, now: int) -> bool:
         return self.unpause_at > now
@@ -161,6 +186,11 @@ class State:
         self.epochs: list[tuple[int, str, int]] = []
         self.delay_heap: list = []  # (deadline, id, gen) over all tubes
         self.ttr_heap: list = []  # (deadline, id, gen) over all reserved jobs
+        self.expiry_heap: list = []  # (expires, id, gen) over ready/delayed jobs that expire
+        self.fanout: dict[str, list[str]] = {}  # parent -> fanout tubes, oldest first
+        self.body_bytes = 0  # bytes of all bodies
+        self.spilled_bytes = 0  # ...of which on disk
+        self.bodies = None  # the loop's body store: .drop(ref) when a spilled job goes
         self._tube(DEFAULT_TUBE)
         self._apply = {
             r.Put: self._put, r.Reserve: self._reserve, r.Delete: self._delete,
@@ -168,7 +198,8 @@ class State:
             r.Kick: self._kick, r.Use: self._use, r.Watch: self._watch,
             r.Ignore: self._ignore, r.PauseTube: self._pause, r.Disconnect: self._disconnect,
             r.Promote: self._promote, r.Timeout: self._timeout, r.Restart: self._restart,
-            r.NewEpoch: self._new_epoch,
+            r.NewEpoch: self._new_epoch, r.PutJobs: self._put_jobs, r.Expire: self._expire,
+            r.DeleteTube: self._delete_tube,
             r.Connect: self._connect, r.WaitStart: self._wait_start, r.WaitStop: self._wait_stop,
         }
 
@@ -186,11 +217,16 @@ class State:
                 self.compact_heaps()
         self._apply[type(rec)](rec)
 
-    def _tube(self, name: str) -> Tube:
+    def _tube(self, name: str, register: bool = True) -> Tube:
         t = self.tubes.get(name)
         if t is None:
             t = self.tubes[name] = Tube(name)
             self.tube_order.append(name)
+            parent = fanout_parent(name) if register else None
+            if parent is not None:
+                children = self.fanout.setdefault(parent, [])
+                if name not in children:
+                    children.append(name)
         return t
 
     def _maybe_drop(self, t: Tube) -> None:
@@ -249,6 +285,8 @@ class State:
         j.state = READY
         j.deadline = 0  # meaningful only while delayed or reserved
         heapq.heappush(t.ready, _ready_key(j))
+        if j.expires:
+            heapq.heappush(self.expiry_heap, (j.expires, j.id, j.gen))
         t.ready_n += 1
         self.ready_n += 1
         if j.pri < URGENT_THRESHOLD:
@@ -262,6 +300,8 @@ class State:
         entry = (deadline, j.id, j.gen)
         heapq.heappush(t.delayed, entry)
         heapq.heappush(self.delay_heap, entry)
+        if j.expires:
+            heapq.heappush(self.expiry_heap, (j.expires, j.id, j.gen))
         t.delayed_n += 1
         self.delayed_n += 1
 
@@ -294,17 +334,103 @@ class State:
         return j
 
     def _put(self, rec: r.Put) -> None:
-        if rec.id in self.jobs or rec.id < self.next_job_id:
-            raise StateError(f"job id {rec.id} reused")
         self._conn(rec.conn)
-        t = self._tube(rec.tube)
-        j = Job(rec.id, t, rec.pri, rec.delay, max(rec.ttr, 1), rec.body, rec.time)
-        self.jobs[rec.id] = j
-        self.next_job_id = rec.id + 1
-        t.jobs_n += 1
+        self._new_job(rec.id, rec.tube, rec, rec.body, 0)
+
+    def _new_job(self, jid: int, tube: str, rec, body, expires: int) -> None:
+        if jid in self.jobs or jid < self.next_job_id:
+            raise StateError(f"job id {jid} reused")
+        t = self._tube(tube)
+        j = Job(jid, t, rec.pri, rec.delay, max(rec.ttr, 1), body, rec.time, expires)
+        self.jobs[jid] = j
+        self.next_job_id = jid + 1
+        self._arrive(j, t)
         t.total_jobs += 1
         self.total_jobs += 1
         self._enqueue(j, rec.delay, rec.time)
+
+    def _arrive(self, j: Job, t: Tube) -> None:
+        n = body_len(j.body)
+        j.tube = t
+        t.jobs_n += 1
+        t.bytes_n += n
+        self.body_bytes += n
+        if isinstance(j.body, int):
+            t.spilled_n += n
+            self.spilled_bytes += n
+        t.arrivals.append(j.id)
+
+    def _depart(self, j: Job) -> Tube:
+        """Take a job (already out of its state's sets) out of its tube's counts."""
+        t = j.tube
+        n = body_len(j.body)
+        t.jobs_n -= 1
+        t.bytes_n -= n
+        self.body_bytes -= n
+        if isinstance(j.body, int):
+            t.spilled_n -= n
+            self.spilled_bytes -= n
+        return t
+
+    def _remove(self, j: Job) -> Tube:
+        """Forget a job entirely; the caller counts why and may drop the tube."""
+        self._leave(j)
+        t = self._depart(j)
+        del self.jobs[j.id]
+        if isinstance(j.body, int) and self.bodies is not None:
+            self.bodies.drop(j.body)
+        return t
+
+    def _put_jobs(self, rec: r.PutJobs) -> None:
+        self._conn(rec.conn)
+        for jid in rec.dropped:
+            j = self._job(jid)
+            if j.state != READY:
+                raise StateError(f"job {jid} is not ready: it cannot be discarded")
+            t = self._remove(j)
+            t.discarded_n += 1
+            self._maybe_drop(t)
+        for jid, tube in rec.jobs:
+            self._new_job(jid, tube, rec, rec.body, rec.expires)
+
+    def _expire(self, rec: r.Expire) -> None:
+        for jid, to, expires in rec.moves:
+            j = self._job(jid)
+            if j.state not in (READY, DELAYED):
+                raise StateError(f"job {jid} is neither ready nor delayed: it cannot expire")
+            if not to:
+                t = self._remove(j)
+                t.expired_n += 1
+                self._maybe_drop(t)
+                continue
+            self._leave(j)
+            old = self._depart(j)
+            old.expired_n += 1
+            j.expires = expires
+            self._arrive(j, self._tube(to))
+            self._enter_ready(j)
+            self._maybe_drop(old)
+
+    def _delete_tube(self, rec: r.DeleteTube) -> None:
+        self._conn(rec.conn)
+        parent = fanout_parent(rec.tube)
+        children = self.fanout.get(parent, [])
+        if rec.tube not in children:
+            raise StateError(f"tube {rec.tube!r} is not a fanout tube")
+        children.remove(rec.tube)
+        if not children:
+            del self.fanout[parent]
+
+    def spill(self, j: Job, ref: int) -> None:
+        """The job's body now lives on disk at `ref` (a representation change only)."""
+        if isinstance(j.body, int):
+            return
+        n = len(j.body)
+        if ref & _M32 != n:
+            raise ValueError(f"reference length {ref & _M32} is not the body's {n}")
+        j.body = ref
+        j.tube.spilled_n += n
+        self.spilled_bytes += n
 
     def _reserve(self, rec: r.Reserve) -> None:
         j = self._job(rec.id)
@@ -322,11 +448,8 @@ class State:
         self._conn(rec.conn)
         if j.state == RESERVED and j.reserver != rec.conn:
             raise StateError(f"job {rec.id} is reserved by another connection")
-        self._leave(j)
-        t = j.tube
+        t = self._remove(j)
         t.cmd_delete += 1
-        t.jobs_n -= 1
-        del self.jobs[rec.id]
         self._maybe_drop(t)
 
     def _release(self, rec: r.Release) -> None:
@@ -503,6 +626,15 @@ class State:
             return kept
 
         self.ttr_heap = live(self.ttr_heap, RESERVED, self.reserved_n)
+        if len(self.expiry_heap) > 2 * (self.ready_n + self.delayed_n) + 1024:
+            self.expiry_heap = [e for e in self.expiry_heap
+                                if (j := jobs.get(e[1])) is not None and j.gen == e[2]
+                                and j.state in (READY, DELAYED)]
+            heapq.heapify(self.expiry_heap)
+        for t in self.tubes.values():
+            if len(t.arrivals) > 2 * t.jobs_n + 1024:
+                t.arrivals = deque(i for i in t.arrivals
+                                   if (j := jobs.get(i)) is not None and j.tube is t)
         self.delay_heap = live(self.delay_heap, DELAYED, self.delayed_n)
         for t in self.tubes.values():
             t.ready = live_ready(t.ready, t.ready_n)
@@ -644,9 +776,54 @@ class State:
                 out.append(jid)
         return out
 
+    def due_expiries(self, now: int) -> list[int]:
+        """Ready or delayed jobs whose expiry time has come, soonest first."""
+        out = []
+        heap = self.expiry_heap
+        jobs = self.jobs
+        while heap and heap[0][0] <= now:
+            _, jid, gen = heapq.heappop(heap)
+            j = jobs.get(jid)
+            if j is not None and j.gen == gen and j.state in (READY, DELAYED):
+                out.append(jid)
+        return out
+
+    def oldest_ready(self, tube: str, count: int, nbytes: int = 0) -> list[int]:
+        """The oldest ready jobs of a tube, in arrival order, until `count` jobs
+        and `nbytes` body bytes are covered (fewer if the tube has no more)."""
+        t = self.tubes.get(tube)
+        if t is None:
+            return []
+        arrivals = t.arrivals
+        jobs = self.jobs
+        while arrivals and ((j := jobs.get(arrivals[0])) is None or j.tube is not t):
+            arrivals.popleft()  # gone or moved away: stale
+        out: list[int] = []
+        seen = set()
+        for jid in arrivals:
+            if len(out) >= count and nbytes <= 0:
+                break
+            j = jobs.get(jid)
+            if j is None or j.tube is not t or j.state != READY or jid in seen:
+                continue
+            seen.add(jid)
+            out.append(jid)
+            nbytes -= body_len(j.body)
+        return out
+
+    def fanout_of(self, tube: str) -> list[str]:
+        return self.fanout.get(tube, [])
+
     def next_deadline(self, now: int) -> int | None:
         """The earliest time (ns) at which something changes without a command."""
         times = []
+        while self.expiry_heap:
+            expires, jid, gen = self.expiry_heap[0]
+            j = self.jobs.get(jid)
+            if j is not None and j.gen == gen and j.state in (READY, DELAYED):
+                times.append(expires)
+                break
+            heapq.heappop(self.expiry_heap)
         j = self._heap_top(self.delay_heap, DELAYED)
         if j is not None:
             times.append(j.deadline)
@@ -698,6 +875,10 @@ class State:
             ("cmd-delete", t.cmd_delete), ("cmd-pause-tube", t.cmd_pause),
             ("pause", t.pause // NS if paused else 0),
             ("pause-time-left", _secs(t.unpause_at - now) if paused else 0),
+            # smallstalk's own, after beanstalkd's keys:
+            ("jobs-expired", t.expired_n), ("jobs-discarded", t.discarded_n),
+            ("current-bytes", t.bytes_n), ("bytes-in-memory", t.bytes_n - t.spilled_n),
+            ("bytes-on-disk", t.spilled_n),
         ]
 
     # --- the durable form ------------------------------------------------------
@@ -714,7 +895,11 @@ class State:
             yield ["epoch", epoch, history, first_seq]
         for name in self.tube_order:
             t = self.tubes[name]
-            yield ["tube", name, t.total_jobs, t.cmd_delete, t.cmd_pause, t.pause, t.unpause_at]
+            yield ["tube", name, t.total_jobs, t.cmd_delete, t.cmd_pause, t.pause, t.unpause_at,
+                   t.expired_n, t.discarded_n]
+        for children in self.fanout.values():
+            for child in children:
+                yield ["fanout", child]
         for cid in sorted(self.conns):
             c = self.conns[cid]
             if c.logged:
@@ -730,34 +915,46 @@ class State:
     @staticmethod
     def _job_item(j: Job) -> list:
         return ["job", j.id, j.tube.name, j.pri, j.delay, j.ttr, j.body, j.state, j.created,
-                j.deadline, j.reserver, j.reserves, j.timeouts, j.releases, j.buries, j.kicks]
+                j.deadline, j.reserver, j.reserves, j.timeouts, j.releases, j.buries, j.kicks,
+                j.expires]
 
     @classmethod
     def load(cls, items) -> State:
-        """Rebuild a state from `dump()` items."""
+        """Rebuild a state from `dump()` items (format 1 or 2).
+
+        A job item's body may already be an int reference (a reader that
+        keeps bodies on disk puts it there); it is counted as spilled.
+        """
         s = cls()
         s.tubes.clear()
         s.tube_order.clear()
+        s.fanout.clear()
         jobs = s.jobs
         ready_keys: dict[Tube, list[int]] = {}
         for item in items:
             kind = item[0]
             if kind == "job":
                 (_, jid, tube, pri, delay, ttr, body, st, created, deadline, reserver,
-                 reserves, timeouts, releases, buries, kicks) = item
+                 reserves, timeouts, releases, buries, kicks, *rest) = item
                 t = s.tubes[tube]
-                j = Job(jid, t, pri, delay, ttr, body, created)
+                j = Job(jid, t, pri, delay, ttr, body, created, rest[0] if rest else 0)
                 counts = (reserves, timeouts, releases, buries, kicks)
                 if any(counts):
                     j.counts = counts
                 jobs[jid] = j
+                n = body_len(body)
                 t.jobs_n += 1
+                t.bytes_n += n
+                if isinstance(body, int):
+                    t.spilled_n += n
                 if st == READY:
                     # The bulk of a big snapshot: collect keys, heapify once below.
                     ready_keys.setdefault(t, []).append((pri << 96) | (jid << 32))
                     t.ready_n += 1
                     if pri < URGENT_THRESHOLD:
                         t.urgent_n += 1
+                    if j.expires:
+                        s.expiry_heap.append((j.expires, jid, 0))
                 elif st == DELAYED:
                     s._enter_delayed(j, deadline)
                 elif st == RESERVED:
@@ -765,10 +962,17 @@ class State:
                 else:
                     s._enter_buried(j)
             elif kind == "tube":
-                _, name, total, cmd_delete, cmd_pause, pause, unpause_at = item
-                t = s._tube(name)
+                _, name, total, cmd_delete, cmd_pause, pause, unpause_at, *rest = item
+                t = s._tube(name, register=False)  # "fanout" items say which are
                 t.total_jobs, t.cmd_delete, t.cmd_pause = total, cmd_delete, cmd_pause
                 t.pause, t.unpause_at = pause, unpause_at
+                if rest:
+                    t.expired_n, t.discarded_n = rest
+            elif kind == "fanout":
+                child = item[1]
+                children = s.fanout.setdefault(fanout_parent(child), [])
+                if child not in children:
+                    children.append(child)
             elif kind == "conn":
                 _, cid, use, watch = item
                 c = s.conns[cid] = Conn(cid)
@@ -792,6 +996,12 @@ class State:
             heapq.heapify(t.ready)
             s.ready_n += len(keys)
         s.urgent_n = sum(t.urgent_n for t in s.tubes.values())
+        heapq.heapify(s.expiry_heap)
+        for jid in sorted(jobs):  # arrival order within a tube is not kept: id order
+            j = jobs[jid]
+            j.tube.arrivals.append(jid)
+        s.body_bytes = sum(t.bytes_n for t in s.tubes.values())
+        s.spilled_bytes = sum(t.spilled_n for t in s.tubes.values())
         return s
 
     def check(self) -> None:
@@ -815,6 +1025,14 @@ class State:
             ready, delayed, reserved, buried, total = per_tube[name]
             assert (t.ready_n, t.delayed_n, t.reserved_n, len(t.buried), t.jobs_n) == (
                 ready, delayed, reserved, buried, total), name
+            mine = [j for j in self.jobs.values() if j.tube is t]
+            assert t.bytes_n == sum(body_len(j.body) for j in mine), name
+            assert t.spilled_n == sum(body_len(j.body) for j in mine
+                                      if isinstance(j.body, int)), name
+        assert self.body_bytes == sum(t.bytes_n for t in self.tubes.values())
+        assert self.spilled_bytes == sum(t.spilled_n for t in self.tubes.values())
+        for parent, children in self.fanout.items():
+            assert children and all(fanout_parent(c) == parent for c in children)
         for c in self.conns.values():
             for jid in c.reserved:
                 assert self.jobs[jid].reserver == c.id
