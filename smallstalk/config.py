@@ -8,12 +8,15 @@ after 0.1 s must not find the port closed.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 
 from . import protocol
 from .aof import FSYNC_ALWAYS, FSYNC_INTERVAL, FSYNC_NEVER
+from .policy import ConfigError, Policies, parse_duration, parse_size, policies_from, read_toml
 
 VERSION = "0.1.0"
 
@@ -48,6 +51,16 @@ smallstalk's own:
  --no-compact            never compact (the AOF keeps every record)
  --keep-segments-hours H keep folded segments for H hours (for the replay tools)
  --keep-segments-bytes B ...and/or at most B bytes of them, newest first
+ --max-memory BYTES      job bodies kept in memory, all tubes together (e.g. 512MB;
+                         default 0: unlimited); the rest is read back from the AOF
+
+Configuration file (see docs/CONFIG.md):
+ --config FILE           TOML: a [server] table with the long options' names
+                         (port = 11301, data-dir = "/var/lib/smallstalk", ...)
+                         and per-tube [tubes.default] / [tubes."NAME"] tables.
+                         Flags given on the command line win over the file.
+                         SIGHUP or the reload-config command re-reads the tube
+                         tables; [server] changes need a restart.
 
 Replication (needs a data directory; see the README):
  --replica-of HOST:PORT  follow that primary as a read-only hot standby
@@ -81,6 +94,12 @@ class ServeConfig:
     replica_ack_timeout: float = 5.0
     user: str | None = None
     verbose: int = 0
+    max_memory: int = 0  # job-body bytes kept in memory, all tubes together; 0 = unlimited
+    config_path: Path | None = None  # --config FILE (absolute), reread on SIGHUP
+    policies: Policies = attrs.Factory(Policies)  # the file's tube tables
+    # The file's [server] settings as read at start ({TOML key: value}), to
+    # tell on a reload whether the file now asks for something else.
+    file_settings: dict[str, Any] = attrs.Factory(dict)
 
 
 def _int(text: str, flag: str) -> int:
@@ -97,13 +116,20 @@ LONG_OPTIONS = {
     "--data-dir", "--fsync", "--fsync-interval", "--segment-records", "--segment-bytes",
     "--compact-interval", "--compact-segments", "--keep-segments-hours",
     "--keep-segments-bytes", "--replica-of", "--min-replica-acks", "--replica-ack-timeout",
-    "--listen", "--port", "--max-job-size",
+    "--listen", "--port", "--max-job-size", "--max-memory", "--config",
 }
+
+FSYNC_MODES = {"always": FSYNC_ALWAYS, "everysec": FSYNC_INTERVAL, "never": FSYNC_NEVER}
 
 
 def parse_serve(argv: list[str]) -> ServeConfig | str:
-    """Parse serve's flags; returns a config, or text to print and exit 0."""
-    cfg = ServeConfig()
+    """Parse serve's flags; returns a config, or text to print and exit 0.
+
+    With `--config FILE` the file is read first and every flag is applied
+    over it, wherever `--config` stands on the command line.
+    """
+    flags_seen: list[tuple[str, str]] = []  # (flag, value), applied after the file
+    config_path: Path | None = None
     args = list(argv)
     while args:
         arg = args.pop(0)
@@ -112,7 +138,7 @@ def parse_serve(argv: list[str]) -> ServeConfig | str:
             if name in ("--help",):
                 return SERVE_HELP
             if name == "--no-compact":
-                cfg.compact = False
+                flags_seen.append((name, ""))
                 continue
             if name == "--version":
                 return f"smallstalk {VERSION}"
@@ -122,7 +148,12 @@ def parse_serve(argv: list[str]) -> ServeConfig | str:
                 if not args:
                     raise UsageError(f"option requires an argument: {name}")
                 value = args.pop(0)
-            _set_long(cfg, name, value)
+            if name == "--config":
+                if config_path is not None:
+                    raise UsageError("--config given twice")
+                config_path = Path(value)
+            else:
+                flags_seen.append((name, value))
             continue
         if not arg.startswith("-") or arg == "-":
             raise UsageError(f"unknown argument: {arg}")
@@ -136,11 +167,9 @@ def parse_serve(argv: list[str]) -> ServeConfig | str:
                     value = args.pop(0)
                 else:
                     raise UsageError(f"flag requires an argument: -{ch}")
-                _set_short(cfg, ch, value)
-            elif ch == "F":
-                cfg.fsync = FSYNC_NEVER
-            elif ch == "V":
-                cfg.verbose += 1
+                flags_seen.append((f"-{ch}", value))
+            elif ch in "FV":
+                flags_seen.append((f"-{ch}", ""))
             elif ch == "v":
                 return f"smallstalk {VERSION}"
             elif ch == "h":
@@ -149,6 +178,14 @@ def parse_serve(argv: list[str]) -> ServeConfig | str:
                 pass  # removed in beanstalkd too (compaction is always on)
             else:
                 raise UsageError(f"unknown flag: -{ch}")
+    cfg = ServeConfig()
+    if config_path is not None:
+        load_file(cfg, config_path)
+    for flag, value in flags_seen:
+        if flag.startswith("--"):
+            _set_long(cfg, flag, value)
+        else:
+            _set_short(cfg, flag[1], value)
     return cfg
 
 
@@ -169,16 +206,19 @@ def _set_short(cfg: ServeConfig, ch: str, value: str) -> None:
         cfg.segment_bytes = max(_int(value, "-s"), 4096)
     elif ch == "u":
         cfg.user = value
+    elif ch == "F":
+        cfg.fsync = FSYNC_NEVER
+    elif ch == "V":
+        cfg.verbose += 1
 
 
 def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
     if name == "--data-dir":
         cfg.data_dir = Path(value)
     elif name == "--fsync":
-        modes = {"always": FSYNC_ALWAYS, "everysec": FSYNC_INTERVAL, "never": FSYNC_NEVER}
-        if value not in modes:
+        if value not in FSYNC_MODES:
             raise UsageError("--fsync takes always, everysec or never")
-        cfg.fsync = modes[value]
+        cfg.fsync = FSYNC_MODES[value]
     elif name == "--fsync-interval":
         cfg.fsync_interval = _int(value, name) / 1000
     elif name == "--segment-records":
@@ -186,27 +226,178 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
     elif name == "--segment-bytes":
         cfg.segment_bytes = max(_int(value, name), 4096)
     elif name == "--compact-interval":
-        cfg.compact_interval = float(value)
+        cfg.compact_interval = _float(value, name)
     elif name == "--compact-segments":
         cfg.compact_segments = max(_int(value, name), 1)
+    elif name == "--no-compact":
+        cfg.compact = False
     elif name == "--keep-segments-hours":
-        cfg.keep_hours = float(value)
+        cfg.keep_hours = _float(value, name)
     elif name == "--keep-segments-bytes":
         cfg.keep_bytes = _int(value, name)
     elif name == "--replica-of":
-        host, _, port = value.rpartition(":")
-        if not host or not port.isdigit():
+        cfg.replica_of = _host_port(value)
+        if cfg.replica_of is None:
             raise UsageError("--replica-of takes HOST:PORT")
-        cfg.replica_of = (host, int(port))
     elif name == "--min-replica-acks":
         cfg.min_replica_acks = _int(value, name)
     elif name == "--replica-ack-timeout":
-        cfg.replica_ack_timeout = float(value)
+        cfg.replica_ack_timeout = _float(value, name)
     elif name == "--listen":
         cfg.addr = value
     elif name == "--port":
         cfg.port = _int(value, name)
     elif name == "--max-job-size":
         cfg.max_job_size = min(_int(value, name), protocol.MAX_JOB_SIZE_LIMIT)
+    elif name == "--max-memory":
+        try:
+            cfg.max_memory = parse_size(value, name)
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
 
 
+def _float(text: str, flag: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"invalid number for {flag}: {text}") from None
+    if not value >= 0:  # also NaN
+        raise UsageError(f"{flag} must not be negative")
+    return value
+
+
+def _host_port(text: str) -> tuple[str, int] | None:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        return None
+    return host, int(port)
+
+
+# --- the configuration file ---------------------------------------------------------
+
+
+def _count(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{where}: expected a whole number >= 0, got {value!r}")
+    return value
+
+
+def _seconds(value: object, where: str) -> float:
+    """A number of seconds (int or float), or a duration string like "2m"."""
+    if isinstance(value, float) and not isinstance(value, bool):
+        if not value >= 0:
+            raise ConfigError(f"{where}: must not be negative")
+        return value
+    return float(parse_duration(value, where))
+
+
+def _hours(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ConfigError(f"{where}: expected a number of hours >= 0, got {value!r}")
+    return float(value)
+
+
+def _text(value: object, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _port(value: object, where: str) -> int:
+    if _count(value, where) > 65535:
+        raise ConfigError(f"{where}: expected a port number up to 65535, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def _fsync(value: object, where: str) -> str:
+    if value not in FSYNC_MODES:
+        raise ConfigError(f"{where}: expected \"always\", \"everysec\" or \"never\", got {value!r}")
+    return FSYNC_MODES[value]  # type: ignore[index]
+
+
+def _bool(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
+def _replica_of(value: object, where: str) -> tuple[str, int]:
+    hp = _host_port(value) if isinstance(value, str) else None
+    if hp is None:
+        raise ConfigError(f"{where}: expected \"HOST:PORT\", got {value!r}")
+    return hp
+
+
+# [server] key -> (ServeConfig attribute, converter(value, where) -> value).
+# The keys are the long options' names; data-dir is handled by load_file
+# (relative to the file's directory).
+SERVER_KEYS: dict[str, tuple[str, Callable[[object, str], Any]]] = {
+    "listen": ("addr", _text),
+    "port": ("port", _port),
+    "max-job-size": ("max_job_size",
+                     lambda v, w: min(parse_size(v, w), protocol.MAX_JOB_SIZE_LIMIT)),
+    "data-dir": ("data_dir", _text),
+    "fsync": ("fsync", _fsync),
+    "fsync-interval": ("fsync_interval", lambda v, w: _count(v, w) / 1000),
+    "segment-records": ("segment_records", lambda v, w: max(_count(v, w), 1)),
+    "segment-bytes": ("segment_bytes", lambda v, w: max(parse_size(v, w), 4096)),
+    "compact-interval": ("compact_interval", _seconds),
+    "compact-segments": ("compact_segments", lambda v, w: max(_count(v, w), 1)),
+    "compact": ("compact", _bool),
+    "keep-segments-hours": ("keep_hours", _hours),
+    "keep-segments-bytes": ("keep_bytes", parse_size),
+    "replica-of": ("replica_of", _replica_of),
+    "min-replica-acks": ("min_replica_acks", _count),
+    "replica-ack-timeout": ("replica_ack_timeout", _seconds),
+    "max-memory": ("max_memory", parse_size),
+}
+
+def server_settings(doc: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """The `[server]` table as {TOML key: converted value}; ConfigError names file and key."""
+    table = doc.get("server", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: server: expected a table")
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in SERVER_KEYS:
+            raise ConfigError(f"{path}: server: unknown key {key!r} "
+                              f"(known: {', '.join(SERVER_KEYS)})")
+        where = f"{path}: server.{key}"
+        out[key] = SERVER_KEYS[key][1](value, where)
+        if key == "data-dir":  # relative to the file, not to wherever the server starts
+            out[key] = path.parent / out[key]
+    return out
+
+
+def read_file(path: Path) -> tuple[dict[str, Any], Policies]:
+    """A configuration file's `[server]` settings and tube policies, checked."""
+    doc = read_toml(path)
+    policies = policies_from(doc, str(path))  # also checks the top-level tables
+    return server_settings(doc, path), policies
+
+
+def load_file(cfg: ServeConfig, path: Path) -> None:
+    """Fill `cfg` from a configuration file (flags are applied over it afterwards)."""
+    path = path.absolute()
+    try:
+        settings, policies = read_file(path)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    for key, value in settings.items():
+        setattr(cfg, SERVER_KEYS[key][0], value)
+    cfg.config_path = path
+    cfg.policies = policies
+    cfg.file_settings = settings
+
+
+def server_changes(cfg: ServeConfig) -> list[str]:
+    """The `[server]` keys whose value in the file now differs from the file at start.
+
+    Raises ConfigError when the file cannot be read or its `[server]` table
+    is wrong.
+    """
+    if cfg.config_path is None:
+        return []
+    now = server_settings(read_toml(cfg.config_path), cfg.config_path)
+    before = cfg.file_settings
+    return [k for k in SERVER_KEYS if now.get(k) != before.get(k)]

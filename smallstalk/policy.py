@@ -9,7 +9,7 @@ change policies with a reload without touching the log.
 The TOML file (`--config`) has a `[server]` table (read by config.py) and
 `[tubes.default]` plus `[tubes."<name>"]` tables: every named tube inherits
 the default's settings and overrides what it names. Keys use beanstalkd's
-dashed spelling: see `TUBE_KEYS` and the README's configuration section.
+dashed spelling: see `TUBE_KEYS` and docs/CONFIG.md.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 
 DEFAULT = "default"
+TOP_LEVEL = ("server", "tubes")  # the file's tables: [server] is config.py's
 
 
 class ConfigError(Exception):
@@ -141,7 +142,14 @@ def _policy(base: TubePolicy, table: object, where: str) -> TubePolicy:
 
 
 def policies_from(doc: Mapping[str, Any], source: str = "config") -> Policies:
-    """Policies from a parsed TOML document (its `tubes` table)."""
+    """Policies from a parsed TOML document (its `tubes` table).
+
+    Any top-level table other than `server` and `tubes` is an error: a
+    misspelt `[tube.orders]` must not load as "no settings" on a reload.
+    """
+    for key in doc:
+        if key not in TOP_LEVEL:
+            raise ConfigError(f"{source}: unknown table {key!r} (known: {', '.join(TOP_LEVEL)})")
     tubes = doc.get("tubes", {})
     if not isinstance(tubes, dict):
         raise ConfigError(f"{source}: `tubes` must be a table")
