@@ -17,9 +17,11 @@ import trio
 from . import compactor
 from . import records as r
 from .aof import FSYNC_INTERVAL
-from .config import SERVE_HELP, VERSION, ServeConfig, UsageError, parse_serve
+from .config import SERVE_HELP, VERSION, ServeConfig, UsageError, parse_serve, server_changes
 from .journal import Journal
+from .launch import listen_address
 from .loop import MutationLoop
+from .policy import ConfigError
 from .recovery import recover
 from .replica import Follower
 from .replication import new_history
@@ -35,6 +37,8 @@ Commands:
   serve         run the server (see `smallstalk serve -h`); beanstalkd's
                 flags without a command also serve
   promote       promote HOST:PORT: turn a replica into a primary
+  config        config dump: the effective per-tube settings, from a
+                --config FILE or a running --server HOST:PORT
   aof           inspect a data directory: aof ls | dump | verify
   replay        rebuild the state as it was at a sequence number or time
   job-history   the whole life of one job as a timeline
@@ -53,6 +57,7 @@ TOOL_COMMANDS = {
     "job-history": "smallstalk.tools:main_job_history",
     "analyze": "smallstalk.analytics:main",
     "worker": "smallstalk.worker:main",
+    "config": "smallstalk.configcmd:main",
 }
 
 
@@ -87,6 +92,11 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
     lp = MutationLoop(state, journal, cfg.data_dir, max_job_size=cfg.max_job_size,
                       min_replica_acks=cfg.min_replica_acks,
                       replica_ack_timeout=cfg.replica_ack_timeout)
+    lp.policies = cfg.policies
+    lp.config_path = cfg.config_path
+    if cfg.config_path is not None:
+        log.info("configuration from %s (tube policies: default and %d named tubes)",
+                 cfg.config_path, len(cfg.policies.tubes))
     follower = None
     if cfg.replica_of:
         # A replica logs only what its primary sends, with the primary's seqs.
@@ -102,7 +112,7 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
         async with trio.open_nursery() as nursery:
             # Signals first: a SIGUSR1 or SIGTERM right after the port opens must
             # be handled, not kill the process.
-            await nursery.start(_signals, nursery.cancel_scope, lp)
+            await nursery.start(_signals, nursery.cancel_scope, lp, cfg)
             if listen_socket is not None:
                 listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(listen_socket))]
             else:
@@ -129,18 +139,43 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
             journal.close()
 
 
-async def _signals(scope: trio.CancelScope, lp: MutationLoop,
+async def _signals(scope: trio.CancelScope, lp: MutationLoop, cfg: ServeConfig | None = None,
                    *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGUSR1) as sigs:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGUSR1,
+                                   signal.SIGHUP) as sigs:
         task_status.started()
-        async for sig in sigs:
-            if sig == signal.SIGUSR1:
-                lp.draining = True
-                log.info("drain mode: new jobs are refused")
-            else:
-                log.info("shutting down")
-                scope.cancel()
-                return
+        # A reload waits for a loop turn; it must not hold up a SIGTERM behind it.
+        async with trio.open_nursery() as reloads:
+            async for sig in sigs:
+                if sig == signal.SIGUSR1:
+                    lp.draining = True
+                    log.info("drain mode: new jobs are refused")
+                elif sig == signal.SIGHUP:
+                    reloads.start_soon(_reload, lp, cfg)
+                else:
+                    log.info("shutting down")
+                    scope.cancel()
+                    return
+
+
+async def _reload(lp: MutationLoop, cfg: ServeConfig | None) -> None:
+    """SIGHUP: re-read the tube tables; [server] settings only take effect on a restart."""
+    log.info("SIGHUP: reloading the tube policies")
+    err = await lp.call(lp.reload_config)  # logs the outcome (and the reason it failed)
+    if err is not None:
+        log.error("SIGHUP: the old tube policies stay in force")
+        return
+    # The [server] table is read at start only.
+    if cfg is None or cfg.config_path is None:
+        return
+    try:
+        changed = server_changes(cfg)
+    except ConfigError as e:
+        log.warning("SIGHUP: the [server] table would not start a server: %s", e)
+        return
+    if changed:
+        log.warning("SIGHUP: [server] settings changed in %s (%s): they take effect "
+                    "only on a restart", cfg.config_path, ", ".join(changed))
 
 
 def promote_command(argv: list[str]) -> int:
@@ -164,6 +199,19 @@ def promote_command(argv: list[str]) -> int:
     return 0 if text.startswith("PROMOTED") else 1
 
 
+def _early_socket_fits(argv: list[str], cfg: ServeConfig) -> bool:
+    """Is launch.py's socket, bound from the flags alone, the one `cfg` asks for?
+
+    Not when a --config file names another listen address or port.
+    """
+    early = listen_address(argv)
+    if early is None:
+        return False
+    if cfg.addr.startswith("unix:"):
+        return early[0] == cfg.addr
+    return early == (cfg.addr, cfg.port)
+
+
 def _setup_logging(verbose: int) -> None:
     level = logging.INFO if verbose == 0 else logging.DEBUG
     logging.basicConfig(level=level, stream=sys.stderr,
@@ -184,6 +232,9 @@ def main(argv: list[str] | None = None, listen_socket=None) -> int:
                 return 0
             if (cfg.replica_of or cfg.min_replica_acks) and cfg.data_dir is None:
                 raise UsageError("replication needs a data directory (-b DIR or --data-dir DIR)")
+            if listen_socket is not None and not _early_socket_fits(rest, cfg):
+                listen_socket.close()
+                listen_socket = None
             _setup_logging(cfg.verbose)
             try:
                 trio.run(serve, cfg, listen_socket)
