@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from . import protocol as p
 from . import records as r
 from .config import VERSION as SMALLSTALK_VERSION
-from .state import BURIED, DELAYED, NS, RESERVED
+from .policy import TubePolicy, fanout_parent, render
+from .state import BURIED, DELAYED, NS, RESERVED, State, body_len
 
 if TYPE_CHECKING:
     from .loop import MutationLoop, Session
@@ -36,10 +37,69 @@ def put(lp: MutationLoop, s: Session, cmd: p.Put):
     if lp.draining:
         lp.burn_job_id()  # as in beanstalkd, the job was made before the check
         return p.DRAINING
-    job_id = lp.take_job_id()
     st = lp.state
-    lp.log(r.Put, s.id, job_id, st.use_of(s.id), cmd.pri, cmd.delay, cmd.ttr, cmd.body)
-    return p.inserted(job_id)
+    tube = st.use_of(s.id)
+    policies = lp.policies
+    pol = policies.of(tube)
+    children = st.fanout.get(tube)
+    if not (children or cmd.max_age or pol.max_jobs or pol.max_bytes or pol.max_job_size
+            or pol.max_age or pol.fanout_only):
+        job_id = lp.take_job_id()  # the common case: a plain, format-1 Put record
+        lp.log(r.Put, s.id, job_id, tube, cmd.pri, cmd.delay, cmd.ttr, cmd.body)
+        return p.inserted(job_id)
+    return _put_with_policy(lp, s, cmd, tube, pol, children or [])
+
+
+def _put_with_policy(lp: MutationLoop, s: Session, cmd: p.Put, tube: str, pol: TubePolicy,
+                     children: list[str]):
+    """A put that limits, expiry or fanout touch: one PutJobs record, or a refusal."""
+    st = lp.state
+    size = len(cmd.body)
+    if pol.max_job_size and size > pol.max_job_size:
+        lp.count_tube(tube, "puts-refused")
+        return p.JOB_TOO_BIG
+    dropped: list[int] = []
+    targets = [] if pol.fanout_only else [tube]
+    if targets and not _make_room(st, tube, pol, size, dropped):
+        lp.count_tube(tube, "puts-refused")
+        return p.OUT_OF_MEMORY
+    for child in children:
+        cpol = lp.policies.of(child)
+        if (cpol.max_job_size and size > cpol.max_job_size) or not _make_room(
+                st, child, cpol, size, dropped):
+            lp.count_tube(child, "puts-refused")  # this copy only; the put goes on
+            continue
+        targets.append(child)
+    ages = [a for a in (cmd.max_age, pol.max_age) if a]
+    expires = lp.now + min(ages) * NS if ages else 0
+    if not targets:
+        # A fanout-only tube nobody listens to: accepted, and kept nowhere.
+        job_id = lp.take_job_id()
+        return p.inserted(job_id)
+    jobs = [(lp.take_job_id(), t) for t in targets]
+    lp.log(r.PutJobs, s.id, jobs, cmd.pri, cmd.delay, cmd.ttr, expires, dropped, cmd.body)
+    return p.inserted(jobs[0][0])
+
+
+def _make_room(st: State, tube: str, pol: TubePolicy, size: int, dropped: list[int]) -> bool:
+    """Whether a job of `size` bytes fits in `tube`, adding to `dropped` the
+    oldest ready jobs that must go first (discard-old-when-full)."""
+    if not (pol.max_jobs or pol.max_bytes):
+        return True
+    t = st.tubes.get(tube)
+    jobs_n, bytes_n = (t.jobs_n, t.bytes_n) if t is not None else (0, 0)
+    over_jobs = jobs_n + 1 - pol.max_jobs if pol.max_jobs else 0
+    over_bytes = bytes_n + size - pol.max_bytes if pol.max_bytes else 0
+    if over_jobs <= 0 and over_bytes <= 0:
+        return True
+    if not pol.discard_old_when_full or (pol.max_bytes and size > pol.max_bytes):
+        return False
+    victims = st.oldest_ready(tube, max(over_jobs, 0), max(over_bytes, 0))
+    freed = sum(body_len(st.jobs[v].body) for v in victims)
+    if len(victims) < over_jobs or freed < over_bytes:
+        return False  # not enough ready jobs to drop: reserved/buried ones stay
+    dropped.extend(victims)
+    return True
 
 
 def reserve(lp: MutationLoop, s: Session, cmd: p.Reserve):
@@ -196,7 +256,10 @@ def stats_tube(lp: MutationLoop, s: Session, cmd: p.StatsTube):
     tube = lp.state.tubes.get(cmd.tube)
     if tube is None:
         return p.NOT_FOUND
-    return p.yaml_dict(lp.state.tube_stats(tube, lp.now))
+    counters = lp.tube_counters.get(cmd.tube, {})
+    extra = [("puts-refused", counters.get("puts-refused", 0)),
+             ("fanout-tubes", len(lp.state.fanout.get(cmd.tube, ())))]
+    return p.yaml_dict(lp.state.tube_stats(tube, lp.now) + extra)
 
 
 def stats(lp: MutationLoop, s: Session, cmd: p.Stats):
@@ -251,6 +314,29 @@ def promote(lp: MutationLoop, s: Session, cmd: p.PromoteReplica):
     return b"PROMOTED %d\r\n" % epoch
 
 
+def delete_tube(lp: MutationLoop, s: Session, cmd: p.DeleteTube):
+    lp.count("cmd-delete-tube")
+    parent = fanout_parent(cmd.tube)
+    if parent is None or cmd.tube not in lp.state.fanout.get(parent, ()):
+        return p.NOT_FOUND
+    lp.log(r.DeleteTube, s.id, cmd.tube)
+    return p.DELETED
+
+
+def config(lp: MutationLoop, s: Session, cmd: p.ConfigDump):
+    lp.count("cmd-config")
+    body = render(lp.policies.dump(list(lp.state.tube_order)))
+    return b"OK %d\r\n%s\r\n" % (len(body), body)
+
+
+def reload_config(lp: MutationLoop, s: Session, cmd: p.ReloadConfig):
+    lp.count("cmd-reload-config")
+    err = lp.reload_config()
+    if err is None:
+        return b"RELOADED\r\n"
+    return b"NOT_RELOADED %s\r\n" % " ".join(err.split()).encode("utf-8", "replace")
+
+
 def error(lp: MutationLoop, s: Session, ev: p.ErrorReply):
     if ev.counted_as is p.Put:
         lp.count("cmd-put")
@@ -271,13 +357,14 @@ HANDLERS = {
     p.StatsTube: stats_tube, p.Stats: stats, p.ListTubes: list_tubes,
     p.ListTubeUsed: list_tube_used, p.ListTubesWatched: list_tubes_watched,
     p.PauseTube: pause_tube, p.Quit: quit_, p.ErrorReply: error, p.Replicate: replicate,
-    p.ReplicaAck: replica_ack, p.PromoteReplica: promote,
+    p.ReplicaAck: replica_ack, p.PromoteReplica: promote, p.DeleteTube: delete_tube,
+    p.ConfigDump: config, p.ReloadConfig: reload_config,
 }
 
 # Refused on a replica (READ_ONLY): they change the queue or need a record.
 MUTATING = frozenset({
     p.Put, p.Reserve, p.ReserveJob, p.Delete, p.Release, p.Bury, p.Touch, p.Kick,
-    p.KickJob, p.PauseTube, p.Watch, p.Ignore,
+    p.KickJob, p.PauseTube, p.Watch, p.Ignore, p.DeleteTube,
 })
 
 STATS_COUNTERS = (

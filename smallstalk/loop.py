@@ -115,6 +115,7 @@ class MutationLoop:
         self.started_at = self.now
         self.sessions: dict[int, Session] = {}
         self.counters: dict[str, int] = {}
+        self.tube_counters: dict[str, dict[str, int]] = {}  # volatile, per tube
         self.total_connections = 0
         self.draining = False
         self.read_only: str | None = None  # reason, when clients may not change state
@@ -199,6 +200,10 @@ class MutationLoop:
 
     def count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
+
+    def count_tube(self, tube: str, name: str) -> None:
+        c = self.tube_counters.setdefault(tube, {})
+        c[name] = c.get(name, 0) + 1
 
     def log(self, cls: type, *fields) -> r.Record:
         """Stage a record in the AOF, then apply it. The reply waits for the commit."""
@@ -392,6 +397,9 @@ class MutationLoop:
             due = st.due_timeouts(now)
             if due:
                 self.log(r.Timeout, due)
+            due = st.due_expiries(now)
+            if due:
+                self.log(r.Expire, self._expiry_moves(due))
             self.grant_waiters()
         except Unavailable:
             return
@@ -400,6 +408,18 @@ class MutationLoop:
             if s is not None:
                 self._answer_wait(s, p.DEADLINE_SOON if what == b"DEADLINE_SOON" else p.TIMED_OUT)
         self.grant_waiters()
+
+    def _expiry_moves(self, due: list[int]) -> list[tuple[int, str, int]]:
+        """Where each expiring job goes (its tube's expire-to, "" = deleted)."""
+        moves = []
+        for jid in due:
+            name = self.state.jobs[jid].tube.name
+            to = self.policies.of(name).expire_to
+            if to == name:
+                to = ""
+            age = self.policies.of(to).max_age if to else 0
+            moves.append((jid, to, self.now + age * NS if age else 0))
+        return moves
 
     def grant_waiters(self) -> None:
         st = self.state

@@ -53,6 +53,9 @@ class Put:
     delay: int  # seconds
     ttr: int  # seconds, at least 1
     body: bytes
+    # smallstalk's extension: `put <pri> <delay> <ttr> <bytes> <max-age>`, seconds
+    # until the job expires (0 = only the tube's max-age applies).
+    max_age: int = 0
 
 
 @attrs.frozen(slots=True)
@@ -199,6 +202,23 @@ class PromoteReplica:
 
 
 @attrs.frozen(slots=True)
+class DeleteTube:
+    """`delete-tube <parent+child>`: stop copying puts into a fanout tube."""
+
+    tube: str
+
+
+@attrs.frozen(slots=True)
+class ConfigDump:
+    """`config`: the effective per-tube settings, as YAML."""
+
+
+@attrs.frozen(slots=True)
+class ReloadConfig:
+    """`reload-config`: re-read the per-tube settings from the --config file."""
+
+
+@attrs.frozen(slots=True)
 class ErrorReply:
     """Malformed input: answer `reply` and go on with the next command.
 
@@ -214,7 +234,7 @@ Command = (
     Put | Reserve | ReserveJob | Delete | Release | Bury | Touch | Use | Watch | Ignore | Peek
     | PeekReady | PeekDelayed | PeekBuried | Kick | KickJob | StatsJob | StatsTube | Stats
     | ListTubes | ListTubeUsed | ListTubesWatched | PauseTube | Quit | Replicate | ReplicaAck
-    | PromoteReplica
+    | PromoteReplica | DeleteTube | ConfigDump | ReloadConfig
 )
 Event = Command | ErrorReply
 
@@ -223,6 +243,7 @@ PEEK_READY, PEEK_DELAYED, PEEK_BURIED = PeekReady(), PeekDelayed(), PeekBuried()
 STATS, LIST_TUBES, LIST_TUBE_USED, LIST_TUBES_WATCHED = (
     Stats(), ListTubes(), ListTubeUsed(), ListTubesWatched())
 QUIT, RESERVE, PROMOTE = Quit(), Reserve(None), PromoteReplica()
+CONFIG, RELOAD_CONFIG = ConfigDump(), ReloadConfig()
 
 
 # --- replies ---------------------------------------------------------------
@@ -326,6 +347,7 @@ class _BadCounted(_Bad):
 
 _UINT = re.compile(rb" *([0-9]+)")
 _PUT = re.compile(rb"put +([0-9]+) +([0-9]+) +([0-9]+) +([0-9]+)")
+_MAX_AGE = re.compile(rb" +([0-9]+)")
 
 
 def _read_uint(line: bytes, pos: int, limit: int, to_end: bool) -> tuple[int, int]:
@@ -490,6 +512,7 @@ class _PutHeader:
     delay: int
     ttr: int
     size: int
+    max_age: int = 0
 
 
 def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHeader:
@@ -514,9 +537,16 @@ def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHea
             size, pos = _read_uint(line, pos, U32_MAX, False)
             if size > max_job_size:
                 return _PutHeader(pri, delay, ttr, -size)  # skip the body
+            max_age = 0
             if pos != len(line):
-                return ErrorReply(BAD_FORMAT, Put)
-            return _PutHeader(pri, delay, max(ttr, 1), size)
+                # smallstalk's fifth argument: the job's max age in seconds.
+                m = _MAX_AGE.fullmatch(line, pos)
+                if m is None:
+                    return ErrorReply(BAD_FORMAT, Put)
+                max_age = int(m.group(1))
+                if max_age > U32_MAX:
+                    return ErrorReply(BAD_FORMAT, Put)
+            return _PutHeader(pri, delay, max(ttr, 1), size, max_age)
         for prefix, what in _TABLE:
             if line.startswith(prefix):
                 if callable(what):
@@ -532,6 +562,12 @@ def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHea
             return ReplicaAck(_read_uint(line, len(b"replica-ack "), U64_MAX, True)[0])
         if line == b"promote":
             return PROMOTE
+        if line.startswith(b"delete-tube "):
+            return DeleteTube(_tube(line[len(b"delete-tube "):]))
+        if line == b"config":
+            return CONFIG
+        if line == b"reload-config":
+            return RELOAD_CONFIG
     except _BadCounted as e:
         return ErrorReply(BAD_FORMAT, e.counted_as)
     except _Bad:
@@ -633,7 +669,7 @@ class Parser:
                 if trailer != b"\r\n":
                     out.append(ErrorReply(EXPECTED_CRLF, Put))
                 else:
-                    out.append(Put(put.pri, put.delay, put.ttr, body))
+                    out.append(Put(put.pri, put.delay, put.ttr, body, put.max_age))
             elif mode == _SKIP:
                 take = min(self._skip, n - pos)
                 pos += take
@@ -651,7 +687,9 @@ def render(cmd: Command) -> bytes:
     """A command as a client sends it (the inverse of parsing)."""
     t = type(cmd)
     if t is Put:
-        return b"put %d %d %d %d\r\n%s\r\n" % (cmd.pri, cmd.delay, cmd.ttr, len(cmd.body), cmd.body)
+        age = b" %d" % cmd.max_age if cmd.max_age else b""
+        return b"put %d %d %d %d%s\r\n%s\r\n" % (
+            cmd.pri, cmd.delay, cmd.ttr, len(cmd.body), age, cmd.body)
     if t is Reserve:
         if cmd.timeout is None:
             return b"reserve\r\n"
@@ -670,6 +708,12 @@ def render(cmd: Command) -> bytes:
         return b"replica-ack %d\r\n" % cmd.seq
     if t is PromoteReplica:
         return b"promote\r\n"
+    if t is DeleteTube:
+        return b"delete-tube %s\r\n" % cmd.tube.encode()
+    if t is ConfigDump:
+        return b"config\r\n"
+    if t is ReloadConfig:
+        return b"reload-config\r\n"
     name = _NAMES[t]
     if t in _ID_COMMANDS:
         return b"%s %d\r\n" % (name, cmd.id)

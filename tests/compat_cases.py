@@ -112,8 +112,10 @@ CASES: list[Case] = [
       S(b"put 0 0 4294967296 1\r\n"), S(b"put 0 0 60 4294967296\r\n"),
       S(b"put 99999999999999999999 0 60 1\r\n"), S(b"PUT 0 0 60 1\r\n"),
       S(b"put 1.5 0 60 1\r\n"), S(b"stats-tube {T}\r\n")),
+    # (`put 0 0 60 5 6` is smallstalk's documented extension, a per-job max age:
+    # beanstalkd answers BAD_FORMAT, smallstalk takes the put. Not compared.)
     C("put-trailing-garbage-then-body-is-a-command",
-      S(b"put 0 0 60 5 \r\nhello\r\n", 2), S(b"put 0 0 60 5 6\r\nhello\r\n", 2),
+      S(b"put 0 0 60 5 \r\nhello\r\n", 2), S(b"put 0 0 60 5 6x\r\nhello\r\n", 2),
       S(b"put 0 0 60 5x\r\nhello\r\n", 2), S(b"put 0 0 60 5\r\nstats\r\n"), S(b"peek {1}\r\n")),
     C("put-odd-but-valid-numbers",
       S(b"put  0  0  60  1\r\na\r\n"), S(b"put 000000000000000000007 0 60 1\r\nb\r\n"),

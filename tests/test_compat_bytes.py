@@ -227,12 +227,13 @@ def normalise(reply: bytes) -> bytes:
     if not lines or not all(pairs):
         return reply
     is_server_stats = any(p.group(1) == b"pid" for p in pairs if p)
-    if is_server_stats:
-        # smallstalk's documented extension: its own keys (role, last-seq, ...)
-        # come after beanstalkd's last key, `platform`; clients parse past them.
-        keys = [p.group(1) for p in pairs if p]
-        if b"platform" in keys:
-            pairs = pairs[:keys.index(b"platform") + 1]
+    # smallstalk's documented extension: its own keys (role, last-seq, jobs-expired,
+    # ...) come after beanstalkd's last key (`platform` in stats, `pause-time-left`
+    # in stats-tube); clients parse past them.
+    keys = [p.group(1) for p in pairs if p]
+    for last in (b"platform", b"pause-time-left"):
+        if last in keys:
+            pairs = pairs[:keys.index(last) + 1]
     body = [b"---"]
     for p in pairs:
         assert p is not None
