@@ -1,7 +1,8 @@
 """Replay equals live: random command sequences, rebuilt from snapshot + AOF.
 
-For random workloads from several connections (with time passing, so delays
-and TTRs fire, and compactions at random points), the state rebuilt from the
+For random workloads from several connections (with time passing, so delays,
+TTRs and expiries fire, tube limits that refuse or discard, a fanout tube, and
+compactions at random points), the state rebuilt from the
 data directory must encode exactly like the live state, and the state's
 invariants must hold after every step.
 """
@@ -18,16 +19,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from smallstalk import compactor
+from smallstalk.policy import Policies, TubePolicy
 from smallstalk.recovery import recover
 
 from .harness import Client, make_loop
 
-TUBES = ["default", "a", "b"]
+TUBES = ["default", "a", "b", "a+x"]
+# a: small and drops its oldest; b: jobs expire into a; default: a byte limit.
+POLICIES = Policies(TubePolicy(max_bytes=40), {
+    "a": TubePolicy(max_jobs=3, discard_old_when_full=True),
+    "b": TubePolicy(max_age=3, expire_to="a"),
+})
 ids = st.integers(1, 12)
 commands = st.one_of(
-    st.builds(lambda pri, d, ttr, body: b"put %d %d %d %d\r\n%s\r\n" % (pri, d, ttr, len(body), body),
+    st.builds(lambda pri, d, ttr, body, age: b"put %d %d %d %d%s\r\n%s\r\n" % (
+        pri, d, ttr, len(body), age, body),
               st.integers(0, 2000), st.sampled_from([0, 0, 1, 5]), st.integers(0, 4),
-              st.binary(max_size=8)),
+              st.binary(max_size=8), st.sampled_from([b"", b"", b" 2", b" 6"])),
+    st.just(b"delete-tube a+x\r\n"),
     st.just(b"reserve-with-timeout 0\r\n"), st.just(b"reserve-with-timeout 2\r\n"),
     st.builds(lambda i: b"reserve-job %d\r\n" % i, ids),
     st.builds(lambda i: b"delete %d\r\n" % i, ids),
@@ -55,6 +64,7 @@ steps = st.lists(
 
 async def run_steps(data_dir: Path, plan: list) -> None:
     lp = make_loop(data_dir, segment_records=7)
+    lp.policies = POLICIES
     async with trio.open_nursery() as nursery:
         nursery.start_soon(lp.run)
         clients = [Client(lp) for _ in range(3)]
