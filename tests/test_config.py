@@ -482,3 +482,25 @@ def test_a_server_without_a_file_refuses_reload(servers: list[Server], tmp_path:
     os.kill(srv.pid, signal.SIGHUP)  # logged, not fatal
     wait_for_log(srv.log_path, "the old tube policies stay", srv.proc, timeout=30, start=start)
     assert srv.proc.poll() is None
+
+
+# --- docs/CONFIG.md --------------------------------------------------------------------
+
+
+def test_the_documented_example_is_a_valid_file(tmp_path: Path) -> None:
+    doc = (REPO / "docs" / "CONFIG.md").read_text()
+    example = re.search(r"```toml\n(.*?)```", doc, re.S).group(1)
+    cfg = parse("--config", str(write(tmp_path, example)))
+    assert cfg.max_memory == 512 << 20 and cfg.keep_hours == 24.0
+    assert cfg.policies.of("emails").expire_to == "emails.expired"
+    assert cfg.policies.of("emails.expired").max_age == 30 * 86400
+    assert cfg.policies.of("orders").fanout_only
+
+
+def test_every_key_is_documented() -> None:
+    from smallstalk.config import SERVER_KEYS
+    from smallstalk.policy import TUBE_KEYS
+
+    doc = (REPO / "docs" / "CONFIG.md").read_text()
+    for key in [*SERVER_KEYS, *TUBE_KEYS]:
+        assert f"| `{key}` |" in doc, key
