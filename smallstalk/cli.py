@@ -161,9 +161,10 @@ async def _signals(scope: trio.CancelScope, lp: MutationLoop, cfg: ServeConfig |
 async def _reload(lp: MutationLoop, cfg: ServeConfig | None) -> None:
     """SIGHUP: re-read the tube tables; [server] settings only take effect on a restart."""
     log.info("SIGHUP: reloading the tube policies")
-    err = await lp.call(lp.reload_config)  # logs the outcome (and the reason it failed)
+    err = await lp.call(lp.reload_config)  # logs the outcome (and why a file failed)
     if err is not None:
-        log.error("SIGHUP: the old tube policies stay in force")
+        log.error("SIGHUP: the old tube policies stay in force%s",
+                  "" if lp.config_path else f": {err}")
         return
     # The [server] table is read at start only.
     if cfg is None or cfg.config_path is None:

@@ -481,6 +481,7 @@ def test_a_server_without_a_file_refuses_reload(servers: list[Server], tmp_path:
     start = srv.log_path.stat().st_size
     os.kill(srv.pid, signal.SIGHUP)  # logged, not fatal
     wait_for_log(srv.log_path, "the old tube policies stay", srv.proc, timeout=30, start=start)
+    assert "no configuration file" in srv.log()[start:]
     assert srv.proc.poll() is None
 
 
