@@ -39,11 +39,9 @@ def put(lp: MutationLoop, s: Session, cmd: p.Put):
         return p.DRAINING
     st = lp.state
     tube = st.use_of(s.id)
-    policies = lp.policies
-    pol = policies.of(tube)
+    pol = lp.policies.of(tube)
     children = st.fanout.get(tube)
-    if not (children or cmd.max_age or pol.max_jobs or pol.max_bytes or pol.max_job_size
-            or pol.max_age or pol.fanout_only):
+    if pol.plain and not children and not cmd.max_age:
         job_id = lp.take_job_id()  # the common case: a plain, format-1 Put record
         lp.log(r.Put, s.id, job_id, tube, cmd.pri, cmd.delay, cmd.ttr, cmd.body)
         return p.inserted(job_id)
@@ -411,6 +409,11 @@ def server_stats(lp: MutationLoop) -> list[tuple[str, object]]:
     out += [("smallstalk-version", SMALLSTALK_VERSION),
             ("role", lp.role.encode()), ("last-seq", st.last_seq), ("epoch", epoch),
             ("history", history or "-")]  # quoted: an all-digit id must stay a string
+    bodies = lp.bodies  # read-behind (bodies.py)
+    out += [("max-memory", bodies.max_memory if bodies is not None else 0),
+            ("bytes-in-memory", st.body_bytes - st.spilled_bytes),
+            ("bytes-on-disk", st.spilled_bytes),
+            ("body-reads", bodies.reads if bodies is not None else 0)]
     if lp.role == "replica" and lp.follower is not None:
         out += lp.follower.stats(st)
     else:

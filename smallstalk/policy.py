@@ -40,6 +40,13 @@ class TubePolicy:
     expire_to: str = ""  # tube that expired jobs move to; "" = delete them
     fanout_only: bool = False  # a parent that only feeds its `parent+child` tubes
     max_memory: int = 0  # body bytes this tube keeps in memory; 0 = server budget only
+    # No limit, expiry or fanout-only: a put needs no decision (the hot path).
+    plain: bool = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "plain", not (
+            self.max_jobs or self.max_bytes or self.max_job_size or self.max_age
+            or self.fanout_only))
 
     def as_toml_dict(self) -> dict[str, Any]:
         return {key: getattr(self, attr) for key, (attr, _kind) in TUBE_KEYS.items()}
