@@ -66,7 +66,7 @@ def doc_tables() -> dict[tuple[str, ...], list[list[str]]]:
 
 
 TABLES = doc_tables()
-FIELD = re.compile(r"`(\w+)`: ([a-z\[\]|]+)(?: \((ns|s)\))?")
+FIELD = re.compile(r"`(\w+)`: ([a-z\[\]|(),]+)(?: \((ns|s)\))?")
 
 
 def doc_fields(cell: str) -> list[tuple[str, str, str | None]]:
@@ -93,6 +93,20 @@ DOC_VOLATILE = {
     row[0].strip("`"): doc_fields(row[1]) for row in table("class", "fields", "meaning")
 }
 DOC_ITEMS = {row[0].strip("`"): doc_fields(row[1]) for row in table("kind", "fields", "meaning")}
+# (kind, field) -> the format version that added it (absent: there from format 1)
+DOC_ADDED = {
+    (row[1].strip("`"), name): int(row[0])
+    for row in table("version", "kind", "fields added") for name, _typ, _unit in doc_fields(row[2])
+}
+
+
+def item_fields(kind: str, version: int) -> list[tuple[str, str, str | None]]:
+    """The fields a snapshot item of `kind` has in format `version` (README tables)."""
+    return [f for f in DOC_ITEMS[kind] if DOC_ADDED.get((kind, f[0]), 1) <= version]
+
+
+def item_kinds(version: int) -> set[str]:
+    return {kind for kind in DOC_ITEMS if item_fields(kind, version) or kind == "end"}
 DOC_STATES = {int(n): name for n, name in table("state", "name")}
 
 
@@ -152,8 +166,10 @@ ANNOTATIONS = {  # attrs annotation -> README types it may be documented as
     "bytes": {"bytes"},
     "tuple[int, ...]": {"uint[]"},
     "int | None": {"uint|null", "int|null"},
+    "tuple[tuple[int, str], ...]": {"(uint,text)[]"},
+    "tuple[tuple[int, str, int], ...]": {"(uint,text,int)[]"},
 }
-UNITS = {"time": "ns", "deadline": "ns", "delay": "s", "ttr": "s"}
+UNITS = {"time": "ns", "deadline": "ns", "delay": "s", "ttr": "s", "expires": "ns"}
 
 
 def check_fields(cls: type, documented: list[tuple[str, str, str | None]]) -> None:
@@ -221,14 +237,32 @@ TYPE_CHECKS = {
     "bytes": lambda v: isinstance(v, bytes),
     "uint[]": lambda v: isinstance(v, list) and all(isinstance(x, int) and x >= 0 for x in v),
     "text[]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "(uint,text)[]": lambda v: isinstance(v, list) and all(
+        isinstance(x, list) and len(x) == 2 and TYPE_CHECKS["uint"](x[0])
+        and isinstance(x[1], str) for x in v),
+    "(uint,text,int)[]": lambda v: isinstance(v, list) and all(
+        isinstance(x, list) and len(x) == 3 and TYPE_CHECKS["uint"](x[0])
+        and isinstance(x[1], str) and isinstance(x[2], int) for x in v),
 }
 
 
-def as_doc_item(item: list) -> dict[str, Any]:
-    """A snapshot item (CBOR array) as a dict named by the README's item table."""
+def test_item_versions_table() -> None:
+    """Fields a later format added are appended to their item; a new kind is added whole."""
+    for (kind, _name), version in DOC_ADDED.items():
+        assert kind in DOC_ITEMS and 2 <= version <= records.FORMAT_VERSION
+    for kind, fields in DOC_ITEMS.items():
+        added = [DOC_ADDED.get((kind, name), 1) for name, _t, _u in fields]
+        assert added == sorted(added), f"{kind}: fields of later formats must come last"
+    assert item_kinds(records.FORMAT_VERSION) == set(DOC_ITEMS)
+    assert {"meta", "tube", "conn", "job", "end"} <= item_kinds(1)
+
+
+def as_doc_item(item: list, version: int = records.FORMAT_VERSION) -> dict[str, Any]:
+    """A snapshot item (CBOR array) of format `version` as a dict named by the README's tables."""
     kind = item[0]
-    assert kind in DOC_ITEMS, f"snapshot item kind {kind!r} is not in the README"
-    fields = DOC_ITEMS[kind]
+    assert kind in item_kinds(version), f"snapshot item kind {kind!r} is not in the README " \
+        f"for format {version}"
+    fields = item_fields(kind, version)
     assert len(item) == 1 + len(fields), f"{kind}: {len(item) - 1} fields, README has {len(fields)}"
     out: dict[str, Any] = {"kind": kind}
     for (name, typ, _unit), value in zip(fields, item[1:], strict=True):
@@ -305,7 +339,7 @@ def read_segment_doc(path: Path, version: int = 1) -> tuple[int, list[dict[str, 
 def read_snapshot_doc(path: Path, version: int) -> tuple[int, list[dict[str, Any]]]:
     last_seq, frames = walk_frames(path, doc_magic("SNAPSHOT_MAGIC"), version)
     assert path.name == f"{last_seq:020d}.snap"
-    items = [as_doc_item(cbor2.loads(payload)) for _offset, payload in frames]
+    items = [as_doc_item(cbor2.loads(payload), version) for _offset, payload in frames]
     assert items[-1] == {"kind": "end", "count": len(items) - 1}
     assert [i["kind"] for i in items].count("end") == 1
     check_item_order([i["kind"] for i in items])
@@ -358,6 +392,26 @@ class Fixture:
         assert rel is not None
         return self.records[rel["seq"]]["time"] + rel["plus_seconds"] * NS
 
+    def absolute(self, obj: Any) -> Any:
+        """`obj` with every relative time ({seq, plus_seconds}) made absolute (ns)."""
+        if isinstance(obj, dict):
+            if set(obj) == {"seq", "plus_seconds"}:
+                return self.at(obj)
+            return {k: self.absolute(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [self.absolute(v) for v in obj]
+        return obj
+
+    def expires(self, job: dict[str, Any]) -> int:
+        """A job's expiry time (ns, 0 = never); fixtures before format 2 have none."""
+        rel = job.get("expires")
+        return 0 if rel is None else self.at(rel)
+
+    def later_fields(self, kind: str) -> dict[str, int]:
+        """Fields of `kind` that formats after the fixture's added, with the value
+        a reader gives them when it reads this fixture's files (0)."""
+        return {name: 0 for (k, name), v in DOC_ADDED.items() if k == kind and v > self.version}
+
     def conn(self, label: str | None) -> int:
         return 0 if label is None else self.conn_ids[label]
 
@@ -405,7 +459,7 @@ def test_segments_hold_the_expected_records(vdir: Path) -> None:
         got.pop("time")
         if "client" in want:
             assert got.pop("conn") == fx.conn_ids[want["client"]]
-        exp = {k: v for k, v in want.items() if k != "client"}
+        exp = fx.absolute({k: v for k, v in want.items() if k != "client"})
         if "body" in exp:
             exp["body"] = exp["body"].encode()
         assert got == exp
@@ -444,10 +498,15 @@ def check_items(fx: Fixture, items: list[dict[str, Any]], exp: dict[str, Any]) -
         default=0)
     assert [{k: v for k, v in e.items() if k != "kind"} for e in by_kind.get("epoch", [])] == (
         exp["epochs"])
-    assert [{k: v for k, v in t.items() if k != "kind"} for t in by_kind.get("tube", [])] == [
-        {**{k: v for k, v in t.items() if k != "unpause_at"},
+    tubes = [{k: v for k, v in t.items() if k != "kind"} for t in by_kind.get("tube", [])]
+    want_tubes = [
+        {**fx.later_fields("tube"), **{k: v for k, v in t.items() if k != "unpause_at"},
          "unpause_at": 0 if t["unpause_at"] is None else fx.at(t["unpause_at"])}
         for t in exp["tubes"]]
+    # Items of the fixture's own format have its fields; items of a later one, more.
+    assert tubes == [{k: w[k] for k in got} for got, w in zip(tubes, want_tubes, strict=False)]
+    assert len(tubes) == len(want_tubes)
+    assert [f["tube"] for f in by_kind.get("fanout", [])] == exp.get("fanout", [])
     assert [(c["id"], c["use"], c["watch"]) for c in by_kind.get("conn", [])] == [
         (fx.conn(c["client"]), c["use"], c["watch"]) for c in exp["conns"]]
     jobs = by_kind.get("job", [])
@@ -470,6 +529,8 @@ def check_items(fx: Fixture, items: list[dict[str, Any]], exp: dict[str, Any]) -
         if want["deadline"] is not None:
             assert j["deadline"] == fx.at(want["deadline"])
         assert j["reserver"] == fx.conn(want["reserved_by"])
+        if "expires" in j:  # format 2 on
+            assert j["expires"] == fx.expires(want), want["id"]
 
 
 @pytest.mark.parametrize("vdir", PARAMS)
@@ -497,6 +558,9 @@ def check_state(fx: Fixture, state: st.State, exp: dict[str, Any]) -> None:
             want["total_jobs"], want["cmd_delete"], want["cmd_pause"], want["pause"])
         assert t.unpause_at == (0 if want["unpause_at"] is None else fx.at(want["unpause_at"]))
         assert list(t.buried) == exp["buried"].get(want["name"], [])
+        assert (t.expired_n, t.discarded_n) == (want.get("expired_n", 0),
+                                                want.get("discarded_n", 0)), want["name"]
+    assert [c for cs in state.fanout.values() for c in cs] == exp.get("fanout", [])
     assert sorted(state.conns) == [fx.conn(c["client"]) for c in exp["conns"]]
     for want in exp["conns"]:
         c = state.conns[fx.conn(want["client"])]
@@ -515,6 +579,7 @@ def check_state(fx: Fixture, state: st.State, exp: dict[str, Any]) -> None:
         if want["deadline"] is not None:
             assert j.deadline == fx.at(want["deadline"])
         assert j.reserver == fx.conn(want["reserved_by"])
+        assert j.expires == fx.expires(want), want["id"]
     assert state.waiting_n == 0 and not state.waiters
 
 
