@@ -455,6 +455,7 @@ _SUCCESS: dict[type, tuple[bytes, Any]] = {
     p.ListTubeUsed: (b"USING", lambda r, s: _name_arg(r)),
     p.ListTubesWatched: (b"OK", lambda r, s: _yaml_list(_ok_body(r))),
     p.PauseTube: (b"PAUSED", None),
+    p.DeleteTube: (b"DELETED", None),
 }
 
 
@@ -717,9 +718,9 @@ class _Core:
     # Commands -----------------------------------------------------------------
 
     def put(self, body: bytes | str, priority: int, delay: int, ttr: int, tube: str | None,
-            server: str | None) -> _Op[JobRef]:
+            server: str | None, max_age: int = 0) -> _Op[JobRef]:
         cmd = p.Put(_check_uint(priority, "priority"), _check_uint(delay, "delay"),
-                    _check_uint(ttr, "ttr"), _body(body))
+                    _check_uint(ttr, "ttr"), _body(body), _check_uint(max_age, "max_age"))
         cmds, at = self._with_tube(tube, cmd)
         if server is not None:
             order = [self._one_server(server)]
@@ -906,6 +907,12 @@ class _Core:
 
     def pause_tube(self, tube: str, delay: int) -> _Op[None]:
         cmd = p.PauseTube(_check_tube(tube), _check_uint(delay, "delay"))
+        yield from self._on_every_server_that_has_it(cmd)
+
+    def delete_tube(self, tube: str) -> _Op[None]:
+        yield from self._on_every_server_that_has_it(p.DeleteTube(_check_tube(tube)))
+
+    def _on_every_server_that_has_it(self, cmd: p.Command) -> _Op[None]:
         results = [r for _, r in (yield from self._each((cmd,), 0))]
         if all(isinstance(r, NotFound) for r in results):
             raise results[0]
@@ -1064,11 +1071,13 @@ class Client:
 
     def put(self, body: bytes | str, priority: int = DEFAULT_PRIORITY, delay: int = 0,
             ttr: int = DEFAULT_TTR, *, tube: str | None = None,
-            server: str | None = None) -> JobRef:
+            server: str | None = None, max_age: int = 0) -> JobRef:
         """Insert a job (str bodies are UTF-8); `tube` puts into another tube than
         the used one without changing it; `server` picks the server, else
-        round-robin. Raises JobTooBig, Draining, Buried, ExpectedCRLF."""
-        return self._run(self._core.put(body, priority, delay, ttr, tube, server))
+        round-robin; `max_age` (seconds, smallstalk only: beanstalkd answers
+        BAD_FORMAT) expires the job if it is still waiting then. Raises
+        JobTooBig, OutOfMemory (a full tube), Draining, Buried, ExpectedCRLF."""
+        return self._run(self._core.put(body, priority, delay, ttr, tube, server, max_age))
 
     def use(self, tube: str) -> str:
         """Put into `tube` from now on (on every server)."""
@@ -1156,6 +1165,10 @@ class Client:
     def pause_tube(self, tube: str, delay: int) -> None:
         """No reserves from `tube` for `delay` seconds (on every server that has it)."""
         self._run(self._core.pause_tube(tube, delay))
+
+    def delete_tube(self, tube: str) -> None:
+        """Stop copying puts into the fanout tube `parent+child` (smallstalk only)."""
+        self._run(self._core.delete_tube(tube))
 
 
 # --- the trio client -------------------------------------------------------
@@ -1291,8 +1304,8 @@ class AsyncClient:
 
     async def put(self, body: bytes | str, priority: int = DEFAULT_PRIORITY, delay: int = 0,
                   ttr: int = DEFAULT_TTR, *, tube: str | None = None,
-                  server: str | None = None) -> JobRef:
-        return await self._run(self._core.put(body, priority, delay, ttr, tube, server))
+                  server: str | None = None, max_age: int = 0) -> JobRef:
+        return await self._run(self._core.put(body, priority, delay, ttr, tube, server, max_age))
 
     async def use(self, tube: str) -> str:
         return await self._run(self._core.use(tube))
@@ -1360,3 +1373,6 @@ class AsyncClient:
 
     async def pause_tube(self, tube: str, delay: int) -> None:
         await self._run(self._core.pause_tube(tube, delay))
+
+    async def delete_tube(self, tube: str) -> None:
+        await self._run(self._core.delete_tube(tube))

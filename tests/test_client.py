@@ -525,3 +525,37 @@ def test_several_servers_survive_a_dead_or_draining_one(kind: str, shared, tube:
             await aw(c.delete(await aw(c.reserve(timeout=0, tubes=[tube]))))
 
     run_with(kind, [dead_addr, live, drain_addr], scenario)
+
+
+async def smallstalk_extensions(c: Any, tube: str) -> None:
+    """max_age, a full tube's OutOfMemory, and delete_tube: smallstalk's own."""
+    job = await aw(c.put(b"short-lived", max_age=1, tube=tube))
+    assert (await aw(c.peek(job))).body == b"short-lived"
+    await aw(c.put(b"one", tube="full"))
+    with pytest.raises(OutOfMemory):
+        await aw(c.put(b"two", tube="full"))
+    await aw(c.watch(tube + "+copy"))  # a fanout tube of `tube`
+    parent = await aw(c.put(b"fan", tube=tube))
+    copy = JobRef(parent.id + 1, parent.server)
+    assert (await aw(c.stats_job(copy))).tube == tube + "+copy"
+    await aw(c.delete_tube(tube + "+copy"))
+    with pytest.raises(NotFound):
+        await aw(c.delete_tube(tube + "+copy"))
+    with trio.fail_after(10):  # expires 1 s after its put: poll with a generous bound
+        while True:
+            try:
+                await aw(c.peek(job))
+            except NotFound:
+                break
+            await trio.sleep(0.05)
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+def test_smallstalk_extensions(kind: str, tmp_path, tube: str) -> None:
+    cfg = tmp_path / "smallstalk.toml"
+    cfg.write_text('[tubes.full]\nmax-jobs = 1\n')
+    srv = start_smallstalk(tmp_path, "--config", str(cfg))
+    try:
+        run_with(kind, f"127.0.0.1:{srv.port}", smallstalk_extensions, tube)
+    finally:
+        srv.stop()
