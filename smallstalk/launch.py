@@ -27,7 +27,9 @@ def listen_address(argv: list[str]) -> tuple[str, int] | None:
             arg = args.pop(0)
             if arg.startswith("--"):
                 name, eq, value = arg.partition("=")
-                if name in ("--help", "--version"):
+                if name in ("--help", "--version", "--config"):
+                    # --config may name another address: the full parser decides,
+                    # and the server binds after reading the file.
                     return None
                 if name == "--no-compact":
                     continue
