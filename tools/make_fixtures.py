@@ -2,9 +2,12 @@
 
 Runs a scripted session against real `smallstalk serve` processes (two runs on
 the same data directory: the log starts with the NewEpoch record a fresh data
-directory gets, and holds two Restart records), stops each
-with SIGTERM, folds the closed segments with `python -m smallstalk.compactor`,
-and writes three data directories plus expected.json:
+directory gets, and holds two Restart records; both with the tube policies of
+`CONFIG` as their --config file, for the big-tube records of format 2: fanout
+copies, a full tube dropping its oldest job, expiry into a dead-letter tube),
+stops each with SIGTERM, folds the closed segments with
+`python -m smallstalk.compactor`, and writes three data directories plus
+expected.json:
 
 - log-only/               the data directory exactly as the server left it;
 - snapshot-and-segments/  plus the compactor's snapshot, with every segment
@@ -57,6 +60,23 @@ REPO = Path(__file__).resolve().parent.parent
 SEGMENT_RECORDS = 10
 LONG = 3600  # seconds: delays, TTRs and pauses that must not run out during the session
 
+# Tube policies the servers run with (`--config`), and the model's copy of them.
+# Only what the session needs: a full tube that discards its oldest job, and a
+# tube whose jobs expire after a second into a dead-letter tube.
+CONFIG = """\
+[tubes.orders]
+max-jobs = 1
+discard-old-when-full = true
+
+[tubes.reports]
+max-age = 1
+expire-to = "dead"
+"""
+POLICIES: dict[str, dict[str, Any]] = {
+    "orders": {"max_jobs": 1, "discard_old_when_full": True},
+    "reports": {"max_age": 1, "expire_to": "dead"},
+}
+
 # ----------------------------------------------------------------------------
 # The model: what the session did, in the terms of snapshots/README.md.
 # ----------------------------------------------------------------------------
@@ -79,6 +99,7 @@ class MJob:
     releases: int = 0
     buries: int = 0
     kicks: int = 0
+    expires: tuple[int, int] | None = None  # (seq of the record, seconds after its time)
 
 
 @dataclass
@@ -93,6 +114,8 @@ class MTube:
     using: int = 0
     watching: int = 0
     buried: list[int] = field(default_factory=list)  # FIFO
+    expired_n: int = 0
+    discarded_n: int = 0
 
 
 @dataclass
@@ -130,6 +153,12 @@ def resolve(obj: Any, chosen: dict[str, str]) -> Any:
     return obj
 
 
+def fanout_parent(tube: str) -> str | None:
+    """`orders` for `orders+audit` (README: the part before the first `+`)."""
+    parent, plus, child = tube.partition("+")
+    return parent if plus and parent and child else None
+
+
 def swap_remove(items: list, item: Any) -> None:
     i = items.index(item)
     items[i] = items[-1]
@@ -150,6 +179,7 @@ class Model:
         self.total_jobs = 0
         self.job_timeouts = 0
         self.epochs: list[tuple[int, Chosen, int]] = []  # (epoch, history, first seq)
+        self.fanout: dict[str, list[str]] = {}  # parent -> registered fanout tubes
         self.live: dict[str, str] = {}  # Chosen name -> value the live server reported
         self.history: dict[int, dict[str, Any]] = {}  # seq -> expected state after it
 
@@ -178,6 +208,9 @@ class Model:
         if name not in self.tubes:
             self.tubes[name] = MTube(name)
             self.tube_order.append(name)
+            parent = fanout_parent(name)  # a new `parent+child` tube is registered
+            if parent is not None and name not in self.fanout.get(parent, []):
+                self.fanout.setdefault(parent, []).append(name)
         return self.tubes[name]
 
     def _maybe_drop(self, t: MTube) -> None:
@@ -226,6 +259,73 @@ class Model:
         t.total_jobs += 1
         self._enqueue(j, delay, seq)
         return jid
+
+    def needs_put_jobs(self, tube: str, max_age: int) -> bool:
+        """Whether the server logs PutJobs rather than Put (dispatch.put's test)."""
+        return bool(self.fanout.get(tube) or max_age or POLICIES.get(tube))
+
+    def put_jobs(self, client: str, tube: str, pri: int, delay: int, ttr: int, body: str,
+                 max_age: int = 0) -> int:
+        """A put with policies or fanout: one PutJobs record. Returns the first job id."""
+        pol = POLICIES.get(tube, {})
+        t = self.tubes.get(tube)
+        dropped: list[int] = []
+        if pol.get("max_jobs") and t is not None and t.jobs + 1 > pol["max_jobs"]:
+            assert pol.get("discard_old_when_full"), "the session never fills a strict tube"
+            ready = sorted(j.id for j in self.jobs.values()
+                           if j.tube == tube and j.state == "ready")
+            dropped = ready[:t.jobs + 1 - pol["max_jobs"]]
+        targets = [tube, *self.fanout.get(tube, [])]
+        jobs = [[self.next_job_id + i, name] for i, name in enumerate(targets)]
+        ages = [a for a in (max_age, pol.get("max_age", 0)) if a]
+        seq = len(self.records) + 1
+        expires = (seq, min(ages)) if ages else None
+        self._record("put-jobs", client, jobs=jobs, pri=pri, delay=delay, ttr=ttr,
+                     expires={"seq": seq, "plus_seconds": expires[1]} if expires else 0,
+                     dropped=dropped, body=body)
+        for jid in dropped:
+            j = self.jobs.pop(jid)
+            t = self.tubes[j.tube]
+            t.jobs -= 1
+            t.discarded_n += 1
+            self._maybe_drop(t)
+        for jid, name in jobs:
+            t = self._tube(name)
+            j = self.jobs[jid] = MJob(jid, name, pri, delay, ttr, body, created=seq,
+                                      expires=expires)
+            self.next_job_id = jid + 1
+            self.total_jobs += 1
+            t.jobs += 1
+            t.total_jobs += 1
+            self._enqueue(j, delay, seq)
+        return jobs[0][0]
+
+    def expire(self, moves: list[tuple[int, str]]) -> None:
+        """Jobs whose expiry came: deleted (to "") or moved to a tube without max-age."""
+        self._record("expire", moves=[[jid, to, 0] for jid, to in moves])
+        for jid, to in moves:
+            j = self.jobs[jid]
+            assert j.state in ("ready", "delayed"), j
+            old = self.tubes[j.tube]
+            old.jobs -= 1
+            old.expired_n += 1
+            if not to:
+                del self.jobs[jid]
+                self._maybe_drop(old)
+                continue
+            new = self._tube(to)
+            new.jobs += 1
+            j.tube, j.state, j.deadline, j.expires = to, "ready", None, None
+            self._maybe_drop(old)
+
+    def delete_tube(self, client: str, tube: str) -> None:
+        self._record("delete-tube", client, tube=tube)
+        parent = fanout_parent(tube)
+        assert parent is not None
+        children = self.fanout[parent]
+        children.remove(tube)
+        if not children:
+            del self.fanout[parent]
 
     def reserve(self, client: str, jid: int) -> None:
         seq = self._record("reserve", client, id=jid)
@@ -349,9 +449,11 @@ class Model:
             "epochs": [{"epoch": e, "history": h, "first_seq": s} for e, h, s in self.epochs],
             "tubes": [
                 {"name": t.name, "total_jobs": t.total_jobs, "cmd_delete": t.cmd_delete,
-                 "cmd_pause": t.cmd_pause, "pause": t.pause, "unpause_at": rel(t.unpause)}
+                 "cmd_pause": t.cmd_pause, "pause": t.pause, "unpause_at": rel(t.unpause),
+                 "expired_n": t.expired_n, "discarded_n": t.discarded_n}
                 for t in (self.tubes[n] for n in self.tube_order)
             ],
+            "fanout": [child for children in self.fanout.values() for child in children],
             "buried": {n: list(self.tubes[n].buried) for n in self.tube_order
                        if self.tubes[n].buried},
             "conns": [
@@ -365,7 +467,7 @@ class Model:
                  "releases": j.releases, "buries": j.buries, "kicks": j.kicks,
                  "created": {"seq": j.created, "plus_seconds": 0},
                  "deadline": rel(j.deadline) if j.state in ("delayed", "reserved") else None,
-                 "reserved_by": j.reserver}
+                 "reserved_by": j.reserver, "expires": rel(j.expires)}
                 for j in sorted(self.jobs.values(), key=lambda j: j.id)
             ],
         }
@@ -394,8 +496,10 @@ class Server:
     def __init__(self, data_dir: Path, log_path: Path):
         self.port = free_port()
         self.log_path = log_path
+        config = log_path.with_name("policies.toml")
+        config.write_text(CONFIG)
         cmd = [sys.executable, "-m", "smallstalk", "serve", "-l", "127.0.0.1", "-p",
-               str(self.port), "--data-dir", str(data_dir),
+               str(self.port), "--data-dir", str(data_dir), "--config", str(config),
                "--segment-records", str(SEGMENT_RECORDS), "--compact-interval", "3600"]
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
@@ -431,11 +535,25 @@ class Client:
         model.order[label] = len(model.order)
         self.gs = greenstalk.Client(("127.0.0.1", server.port))
 
-    def put(self, body: str, pri: int, delay: int = 0, ttr: int = LONG) -> int:
-        jid = self.gs.put(body, priority=pri, delay=delay, ttr=ttr)
-        expect = self.m.put(self.label, self.m.view(self.label).use, pri, delay, ttr, body)
+    def put(self, body: str, pri: int, delay: int = 0, ttr: int = LONG, max_age: int = 0) -> int:
+        """A put; `max_age` is the fifth argument (`put <pri> <delay> <ttr> <bytes> <max-age>`)."""
+        if max_age:
+            buf = body.encode()
+            jid = self.gs._int_cmd(b"put %d %d %d %d %d\r\n%b" % (pri, delay, ttr, len(buf),
+                                                                   max_age, buf), b"INSERTED")
+        else:
+            jid = self.gs.put(body, priority=pri, delay=delay, ttr=ttr)
+        tube = self.m.view(self.label).use
+        if self.m.needs_put_jobs(tube, max_age):
+            expect = self.m.put_jobs(self.label, tube, pri, delay, ttr, body, max_age)
+        else:
+            expect = self.m.put(self.label, tube, pri, delay, ttr, body)
         assert jid == expect, (jid, expect)
         return jid
+
+    def delete_tube(self, tube: str) -> None:
+        self.gs._send_cmd(b"delete-tube %b" % tube.encode("ascii"), b"DELETED")
+        self.m.delete_tube(self.label, tube)
 
     def reserve(self, expect: int, timeout: int | None = None) -> None:
         job = self.gs.reserve(timeout)
@@ -507,6 +625,15 @@ def job_state(server: Server, jid: int) -> str:
         return str(c.stats_job(jid)["state"])
 
 
+def job_tube(server: Server, jid: int) -> str | None:
+    """The job's tube, or None once it is gone."""
+    with greenstalk.Client(("127.0.0.1", server.port)) as c:
+        try:
+            return str(c.stats_job(jid)["tube"])
+        except greenstalk.NotFoundError:
+            return None
+
+
 def session(data_dir: Path, work: Path) -> Model:
     """The scripted session. Every logged command is mirrored in the model."""
     m = Model()
@@ -560,6 +687,25 @@ def session(data_dir: Path, work: Path) -> Model:
     p1.kick_job(2)  # a delayed job in another tube
     p1.use("emails")
     p1.pause_tube("emails", LONG)  # still paused at the end
+
+    # Big tubes (format 2): fanout, a full tube dropping its oldest job, expiry.
+    p1.use("orders+audit")  # creating `orders+audit` registers it as a fanout tube of orders
+    p1.use("orders+archive")  # registered too; orders+audit is dropped, and stays registered
+    p1.use("orders")
+    order1 = p1.put("order-1", pri=20)  # PutJobs: orders, a copy in each fanout tube
+    p1.put("order-2", pri=20, max_age=LONG)  # + an expiry time; orders (max 1) drops order 1
+    p1.delete_tube("orders+archive")  # no more copies there; its jobs stay
+    p1.put("order-3", pri=20)  # orders and orders+audit only; drops order 2's orders job
+    assert order1 not in m.jobs
+    p1.use("sessions")
+    s1 = p1.put("session-1", pri=30, max_age=1)  # gone (expired) a second later
+    wait_until(f"job {s1} to expire", lambda: job_tube(srv, s1) is None)
+    m.expire([(s1, "")])
+    p1.put("session-2", pri=30)  # a plain Put into the same tube
+    p1.use("reports")
+    r1 = p1.put("report-1", pri=40)  # reports: max-age 1, then moved to the dead-letter tube
+    wait_until(f"job {r1} to move", lambda: job_tube(srv, r1) == "dead")
+    m.expire([(r1, "dead")])
     w1.watch("default")
     w1.reserve(expect=5)  # held at shutdown: the next Restart record releases it
     srv.stop()
@@ -571,18 +717,18 @@ def session(data_dir: Path, work: Path) -> Model:
     m.restart()  # the log already has a history: no second NewEpoch
     p2 = Client(m, srv, "P2")
     p2.use("emails")
-    p2.put("email-5", pri=1024)  # 10: not urgent (urgent is pri < 1024)
-    p2.put("email-6", pri=3)  # 11
+    p2.put("email-5", pri=1024)  # not urgent (urgent is pri < 1024)
+    email6 = p2.put("email-6", pri=3)
     w2 = Client(m, srv, "W2")
     w2.watch("emails")
     w2.ignore("default")
-    w2.reserve_job(11)  # reserve-job ignores the pause; held at shutdown
+    w2.reserve_job(email6)  # reserve-job ignores the pause; held at shutdown
     v2 = Client(m, srv, "V2")
     v2.watch("idle")  # a tube kept alive only by a watcher
     v2.ignore("default")
     v2.reserve_times_out(1)
     p2.delete(2)
-    p2.put("email-7", pri=100)  # 12
+    p2.put("email-7", pri=100)
     check_live(srv, m)
     for c in (p2, w2, v2):  # list-tube-used / list-tubes-watched are not logged
         view = m.view(c.label)
@@ -611,6 +757,9 @@ def check_live(srv: Server, m: Model) -> None:
             assert (st["total-jobs"], st["cmd-delete"], st["cmd-pause-tube"]) == (
                 t.total_jobs, t.cmd_delete, t.cmd_pause), (name, st)
             assert st["current-jobs-buried"] == len(t.buried), (name, st)
+            assert (st["jobs-expired"], st["jobs-discarded"]) == (t.expired_n, t.discarded_n), (
+                name, st)
+            assert st["fanout-tubes"] == len(m.fanout.get(name, [])), (name, st)
         stats = c.stats()
         assert stats["job-timeouts"] == m.job_timeouts
         epoch, history, _first = m.epochs[-1]
@@ -662,6 +811,20 @@ def check_log(aof_dir: Path, m: Model) -> tuple[list[tuple[Path, int, int]], dic
         seen += items
         spans.append((path, first, items[-1][1] if items else first - 1))
     assert len(seen) == len(m.records), (len(seen), len(m.records))
+    times = {raw[1]: raw[2] for raw in seen}
+
+    def absolute(obj: Any) -> Any:  # {seq, plus_seconds} -> ns, as tests/test_format.py does
+        if isinstance(obj, dict):
+            if set(obj) == {"seq", "plus_seconds"}:
+                return times[obj["seq"]] + obj["plus_seconds"] * 10**9
+            return {k: absolute(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [absolute(v) for v in obj]
+        return obj
+
+    def plain(v: Any) -> Any:
+        return [plain(x) for x in v] if isinstance(v, (tuple, list)) else v
+
     conn_of: dict[str, int] = {}
     chosen: dict[str, str] = {}
     last_time = 0
@@ -674,8 +837,8 @@ def check_log(aof_dir: Path, m: Model) -> tuple[list[tuple[Path, int, int]], dic
         if "client" in want:
             conn = rec.pop("conn")
             assert conn_of.setdefault(want["client"], conn) == conn, want
-        got = {k: (list(v) if isinstance(v, tuple) else v) for k, v in rec.items()}
-        exp = {k: v for k, v in want.items() if k not in ("seq", "client")}
+        got = {k: plain(v) for k, v in rec.items()}
+        exp = absolute({k: v for k, v in want.items() if k not in ("seq", "client")})
         for k, v in exp.items():
             if isinstance(v, Chosen):
                 value = got.get(k)
@@ -753,8 +916,12 @@ def build(out: Path, work: Path) -> None:
                  "state) is the random id the server picked: the model knows only its form "
                  "(`chosen`: a regular expression per field); the value here was read from "
                  "the segments after the session and matched what the live server reported "
-                 "in stats. `files`: SHA-256 of every fixture file.",
+                 "in stats. `files`: SHA-256 of every fixture file. Format 2: the servers ran "
+                 "with tube policies (`policies`, the --config file); a record's `expires` and a "
+                 "job's `expires` are relative times too (0 in a record, null in a job: never); "
+                 "`fanout` is the fanout registry, parent by parent.",
         "chosen": {"new-epoch.history": HISTORY_PATTERN},
+        "policies": CONFIG,
         "data_dirs": dirs,
         "files": files,
         "state": m.expected_state(),
