@@ -67,6 +67,7 @@ class Journal:
         self.committed_seq = next_seq - 1
         self.records_written = 0
         self.segment: SegmentWriter | None = None
+        self.appended_at: tuple[Path, int] | None = None  # (file, payload end) of the last append
         self._dirty = False  # written but not fsynced (interval mode)
         self.rotated = trio.Event()  # set when a segment closes (wakes the compactor)
         self._open_segment()
@@ -87,7 +88,12 @@ class Journal:
 
     def append(self, rec: records.Record) -> bytes:
         payload = records.encode(rec)
-        self.segment.append(payload, rec.seq)
+        seg = self.segment
+        seg.append(payload, rec.seq)
+        # Where this record's payload will end in the file once written (the
+        # file grows by whole frames from seg.size): read-behind finds a put's
+        # body there, as the body is the record's last field.
+        self.appended_at = (seg.path, seg.size + len(seg.pending))
         return payload
 
     def expect_seq(self, seq: int) -> None:

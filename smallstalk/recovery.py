@@ -10,18 +10,24 @@ Rules (snapshots/README.md, "Recovery"):
   `<segment>.broken`, cut off, and start-up goes on with a warning;
 - any other damage raises CorruptionError naming file, offset and sequence
   number. `smallstalk aof verify` reports the same.
+
+With a body store (`bodies`, read-behind), bodies past the memory budgets
+are not loaded: the snapshot's are referenced where they are in the snapshot
+file, and replayed puts' where they are in their segment (bodies.py).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import struct
 from pathlib import Path
 
 import attrs
 
 from . import aof, snapshot
 from .aof import CorruptionError
+from .bodies import PUTS, BodyStore, spill_record
 from .state import State, StateError
 
 log = logging.getLogger("smallstalk.recovery")
@@ -40,16 +46,23 @@ def paths(data_dir: Path) -> tuple[Path, Path]:
     return data_dir / "aof", data_dir / "snapshots"
 
 
-def recover(data_dir: Path, repair: bool = True, until_seq: int | None = None) -> Recovered:
-    """Rebuild the state from `data_dir`. With repair=False nothing is written."""
+def recover(data_dir: Path, repair: bool = True, until_seq: int | None = None,
+            bodies: BodyStore | None = None) -> Recovered:
+    """Rebuild the state from `data_dir`. With repair=False nothing is written.
+
+    `bodies`: keep bodies past its budgets on disk; it becomes `state.bodies`.
+    """
     aof_dir, snap_dir = paths(data_dir)
     snaps = aof.list_snapshots(snap_dir)
     if snaps:
         snap_path = snaps[-1][1]
-        state = snapshot.load(snap_path)
+        state = snapshot.load(snap_path, bodies)
     else:
         snap_path = None
         state = State()
+    state.bodies = bodies
+    spill = bodies is not None and bodies.active
+    keys: dict = {}
     result = Recovered(state, [], snap_path)
     segments = aof.list_segments(aof_dir)
     for i, (_first, path) in enumerate(segments):
@@ -72,11 +85,20 @@ def recover(data_dir: Path, repair: bool = True, until_seq: int | None = None) -
                 return result
             if not apply_next(state, path, offset, rec):
                 continue  # already in the snapshot
+            if spill and type(rec) in PUTS:
+                spill_record(bodies, state, rec, path, body_offset(data, offset, rec), keys)
             result.records_replayed += 1
             used = True
         if used:
             result.segments.append(path)
     return result
+
+
+def body_offset(data: bytes, offset: int, rec) -> int:
+    """Where the body of the Put/PutJobs record in the frame at `offset` starts:
+    the body is the record's last field, so its bytes end where the frame does."""
+    (length,) = struct.unpack_from("<I", data, offset)
+    return offset + aof.FRAME.size + length - len(rec.body)
 
 
 def apply_next(state: State, path: Path, offset: int, rec) -> bool:

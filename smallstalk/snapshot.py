@@ -8,12 +8,22 @@ a file without that final frame is incomplete and never used.
 Writing follows the protocol Redis uses for its rewrite: write `<name>.tmp`,
 fsync it, rename it into place, fsync the directory. Only then may older
 snapshots and the segments it covers be deleted (by the caller).
+
+Reading streams the file a frame at a time. With a body store that has a
+budget (read-behind, bodies.py), `load` keeps a job's body in memory only
+while the budget allows and otherwise puts a reference to the body's bytes
+in this file in its place. A snapshot writer resolves references
+(`bodies.resolve_items`), and can write a body index next to the snapshot
+(`<seq>.bodies`: where each job's body is in the new file), which the server
+uses to move its references off the files a compaction folded.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import struct
+import zlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import cbor2
@@ -22,64 +32,190 @@ from . import aof
 from .aof import CorruptionError
 from .state import State, StateError
 
+BODY_INDEX_MAGIC = b"SSTKBDX\x00"
+BODY_INDEX_ENTRY = struct.Struct("<QQI")  # job id, body offset in the snapshot, body length
+_BUFFER = 1 << 20
 
-def write(directory: Path, last_seq: int, items: Iterable[list]) -> Path:
-    """Write a snapshot of `items` at `last_seq`; return its final path."""
+
+def index_path(snap: Path) -> Path:
+    """The body index written next to a snapshot: `<seq>.bodies`."""
+    return snap.with_suffix(".bodies")
+
+
+def _tail_len(item: list) -> int:
+    """Encoded length of a job item's fields after the body (index 6).
+
+    The body is a byte string, so its bytes end exactly that many bytes before
+    the end of the item's CBOR encoding.
+    """
+    tail = item[7:]
+    n = len(tail)
+    head = 1 if n < 24 else 2 if n < 256 else 3
+    return len(cbor2.dumps(tail)) - head
+
+
+def write(directory: Path, last_seq: int, items: Iterable[list], index: bool = False) -> Path:
+    """Write a snapshot of `items` at `last_seq`; return its final path.
+
+    `index`: also write `<seq>.bodies` (see `index_path`): for every job item,
+    its id and where its body's bytes are in the snapshot file.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / aof.snapshot_name(last_seq)
     tmp = directory / f"{final.name}.{os.getpid()}.tmp"
+    entries = bytearray()
     count = 0
     with open(tmp, "wb") as f:
-        f.write(aof.header(aof.SNAPSHOT_MAGIC, last_seq))
+        head = aof.header(aof.SNAPSHOT_MAGIC, last_seq)
+        f.write(head)
+        flushed = len(head)  # file offset of buf[0]
         buf = bytearray()
         for item in items:
-            buf += aof.frame(cbor2.dumps(item))
+            payload = cbor2.dumps(item)
+            if index and item[0] == "job":
+                body_len = len(item[6])
+                end = flushed + len(buf) + aof.FRAME.size + len(payload) - _tail_len(item)
+                entries += BODY_INDEX_ENTRY.pack(item[1], end - body_len, body_len)
+            buf += aof.frame(payload)
             count += 1
-            if len(buf) > 1 << 20:
+            if len(buf) > _BUFFER:
                 f.write(buf)
+                flushed += len(buf)
                 buf.clear()
         buf += aof.frame(cbor2.dumps(["end", count]))
         f.write(buf)
         f.flush()
         os.fsync(f.fileno())
+    if index:
+        # Read once by the server right after this compaction, then deleted: a
+        # crash loses nothing (start-up reads bodies from the snapshot itself).
+        idx = index_path(final)
+        idx_tmp = directory / f"{idx.name}.{os.getpid()}.tmp"
+        with open(idx_tmp, "wb") as f:
+            f.write(aof.header(BODY_INDEX_MAGIC, last_seq))
+            f.write(entries)
+        os.rename(idx_tmp, idx)
     os.rename(tmp, final)
     aof.fsync_dir(directory)
     return final
 
 
-def write_state(directory: Path, state: State) -> Path:
-    return write(directory, state.last_seq, state.dump())
+def write_state(directory: Path, state: State, index: bool = False) -> Path:
+    """Write `state`; bodies read-behind keeps on disk are read back as it goes."""
+    from .bodies import resolve_items
+
+    return write(directory, state.last_seq, resolve_items(state.dump(), state.bodies), index)
+
+
+def read_index(path: Path, wanted) -> dict[int, tuple[int, int]]:
+    """From a body index: {job id: (offset, length)} for the ids in `wanted`."""
+    with open(path, "rb") as f:
+        data = f.read()
+    aof.read_header(path, data, BODY_INDEX_MAGIC)
+    out = {}
+    body = memoryview(data)[aof.HEADER_SIZE:]
+    body = body[:len(body) - len(body) % BODY_INDEX_ENTRY.size]
+    for jid, offset, length in BODY_INDEX_ENTRY.iter_unpack(body):
+        if jid in wanted:
+            out[jid] = (offset, length)
+    return out
+
+
+def iter_frames(path: Path) -> Iterator[tuple[int, int, bytes]]:
+    """(frame offset, last seq, payload) per frame of a snapshot, up to and with `end`.
+
+    Streams the file; raises CorruptionError as `aof.read_frames` would judge
+    the damage (and for a file without an `end` frame).
+    """
+    with open(path, "rb", buffering=_BUFFER) as f:
+        size = os.fstat(f.fileno()).st_size
+        last_seq = aof.read_header(path, f.read(aof.HEADER_SIZE), aof.SNAPSHOT_MAGIC)
+        pos = aof.HEADER_SIZE
+        crc32 = zlib.crc32
+        while pos < size:
+            head = f.read(aof.FRAME.size)
+            if len(head) < aof.FRAME.size:
+                raise CorruptionError(path, pos, last_seq, "incomplete frame header")
+            length, crc = aof.FRAME.unpack(head)
+            if length == 0:
+                raise CorruptionError(path, pos, last_seq, "zero-length frame")
+            if length > aof.MAX_FRAME or pos + aof.FRAME.size + length > size:
+                raise CorruptionError(path, pos, last_seq, "frame runs past the end of the file")
+            payload = f.read(length)
+            if len(payload) != length or crc32(payload) != crc:
+                raise CorruptionError(path, pos, last_seq, "checksum mismatch")
+            yield pos, last_seq, payload
+            pos += aof.FRAME.size + length
+        raise CorruptionError(path, pos, last_seq, "snapshot has no end frame (incomplete)")
+
+
+def iter_items(path: Path, bodies=None) -> Iterator[list]:
+    """A snapshot's items, checked, streamed (the `end` item is checked, not yielded).
+
+    With a body store `bodies` that has a budget, a job's body stays in the
+    item while the server budget and its tube's budget allow (lowest ids
+    first: in FIFO use, the head of each tube); past them the item carries a
+    reference to the body's bytes in this file instead.
+    """
+    if bodies is not None and not bodies.active:
+        bodies = None
+    total = 0
+    per_tube: dict[str, int] = {}
+    tube_max: dict[str, int] = {}
+    key = None
+    count = 0
+    for offset, last_seq, payload in iter_frames(path):
+        try:
+            item = cbor2.loads(payload)
+        except Exception as e:  # cbor2 raises several types for garbage
+            raise CorruptionError(path, offset, last_seq, f"bad CBOR: {e}") from None
+        if not isinstance(item, list) or not item:
+            raise CorruptionError(path, offset, last_seq, "snapshot item is not an array")
+        kind = item[0]
+        if kind == "end":
+            if item[1:2] != [count]:
+                raise CorruptionError(path, offset, last_seq, "item count mismatch")
+            return
+        count += 1
+        if kind == "job" and bodies is not None and len(item) > 7 and isinstance(item[6], bytes):
+            body = item[6]
+            n = len(body)
+            tube = item[2]
+            in_tube = per_tube.get(tube, 0)
+            limit = tube_max.get(tube)
+            if limit is None:
+                f = bodies.tube_budget
+                limit = tube_max[tube] = f(tube) if f is not None else 0
+            if n and ((bodies.max_memory and total + n > bodies.max_memory)
+                      or (limit and in_tube + n > limit)):
+                end = len(payload) - _tail_len(item)
+                if payload[end - n:end] == body:  # (an encoding we do not know: keep it)
+                    if key is None:
+                        key = bodies.key(path)
+                    item[6] = bodies.ref(path, offset + aof.FRAME.size + end - n, n, key)
+                    yield item
+                    continue
+            total += n
+            per_tube[tube] = in_tube + n
+        yield item
 
 
 def read_items(path: Path) -> tuple[int, list[list]]:
     """All items of a snapshot, checked; raises CorruptionError naming the damage."""
-    data = path.read_bytes()
-    last_seq = aof.read_header(path, data, aof.SNAPSHOT_MAGIC)
-    items: list[list] = []
-    for entry in aof.read_frames(data):
-        if isinstance(entry, aof.FrameScan):
-            if not entry.clean:
-                raise CorruptionError(path, entry.end, last_seq, entry.why)
-            break
-        offset, payload = entry
-        try:
-            item = cbor2.loads(payload)
-        except Exception as e:
-            raise CorruptionError(path, offset, last_seq, f"bad CBOR: {e}") from None
-        if item[0] == "end":
-            if item[1] != len(items):
-                raise CorruptionError(path, offset, last_seq, "item count mismatch")
-            return last_seq, items
-        items.append(item)
-    raise CorruptionError(path, len(data), last_seq, "snapshot has no end frame (incomplete)")
+    with open(path, "rb") as f:
+        last_seq = aof.read_header(path, f.read(aof.HEADER_SIZE), aof.SNAPSHOT_MAGIC)
+    return last_seq, list(iter_items(path))
 
 
-def load(path: Path) -> State:
-    last_seq, items = read_items(path)
+def load(path: Path, bodies=None) -> State:
+    """The state in a snapshot; with a body store, bodies past its budgets stay on disk."""
+    with open(path, "rb") as f:
+        last_seq = aof.read_header(path, f.read(aof.HEADER_SIZE), aof.SNAPSHOT_MAGIC)
     try:
-        state = State.load(items)
+        state = State.load(iter_items(path, bodies))
     except (StateError, TypeError, ValueError, KeyError, IndexError) as e:
         raise CorruptionError(path, 0, last_seq, f"snapshot items do not load: {e!r}") from None
     if state.last_seq != last_seq:
         raise CorruptionError(path, 0, last_seq, f"header says seq {last_seq}, body {state.last_seq}")
+    state.bodies = bodies
     return state
