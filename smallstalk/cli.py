@@ -17,6 +17,7 @@ import trio
 from . import compactor
 from . import records as r
 from .aof import FSYNC_INTERVAL
+from .bodies import BodyStore
 from .config import SERVE_HELP, VERSION, ServeConfig, UsageError, parse_serve, server_changes
 from .journal import Journal
 from .launch import listen_address
@@ -76,7 +77,12 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
     if cfg.data_dir is not None:
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         started = trio.current_time()
-        rec = recover(cfg.data_dir)
+        # Read-behind: bodies past --max-memory (or a tube's max-memory) stay on disk.
+        pol = cfg.policies
+        tube_budgets = pol.default.max_memory or any(t.max_memory for t in pol.tubes.values())
+        bodies = BodyStore(cfg.max_memory,
+                           (lambda tube: pol.of(tube).max_memory) if tube_budgets else None)
+        rec = recover(cfg.data_dir, bodies=bodies)
         for w in rec.warnings:
             log.warning("%s", w)
         state = rec.state
@@ -93,6 +99,8 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
                       min_replica_acks=cfg.min_replica_acks,
                       replica_ack_timeout=cfg.replica_ack_timeout)
     lp.policies = cfg.policies
+    if journal is not None:
+        lp.use_bodies(bodies)
     lp.config_path = cfg.config_path
     if cfg.config_path is not None:
         log.info("configuration from %s (tube policies: default and %d named tubes)",
@@ -131,7 +139,7 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
             if journal is not None and cfg.compact:
                 nursery.start_soon(compactor.run, journal, cfg.data_dir, cfg.compact_interval,
                                    cfg.compact_segments,
-                                   compactor.retention(cfg.keep_hours, cfg.keep_bytes))
+                                   compactor.retention(cfg.keep_hours, cfg.keep_bytes), lp)
             if journal is not None and cfg.fsync == FSYNC_INTERVAL:
                 nursery.start_soon(journal.run_interval_sync)
     finally:

@@ -38,6 +38,7 @@ import trio
 from . import dispatch
 from . import protocol as p
 from . import records as r
+from .bodies import PUTS, BodyError, spill_record
 from .journal import Journal, JournalError
 from .policy import ConfigError, Policies, load_policies
 from .state import NS, State
@@ -140,6 +141,7 @@ class MutationLoop:
         self.policies = Policies()
         self.config_path: Path | None = None
         self.bodies = None  # the read-behind body store (bodies.py), when there is a budget
+        self._turn_puts: list = []  # (record, file, body offset) staged this turn, for spilling
 
     # --- the connection side (called from connection tasks) ----------------------
 
@@ -224,6 +226,9 @@ class MutationLoop:
         payload = self.journal.append(rec)
         if self.feeds:
             self._turn_payloads.append((rec.seq, payload))
+        if self.bodies is not None and type(rec) in PUTS:
+            path, end = self.journal.appended_at
+            self._turn_puts.append((rec, path, end - len(rec.body)))
 
     def apply_replicated(self, records: list) -> None:
         """A replica's way in: the primary's records, with the primary's seqs."""
@@ -237,12 +242,45 @@ class MutationLoop:
             self._stage(rec)
             st.apply(rec)
 
+    def use_bodies(self, store) -> None:
+        """Read-behind: bodies past `store`'s budget (and the tubes' max-memory) go to disk."""
+        self.bodies = store
+        store.tube_budget = self._tube_memory
+        self.state.bodies = store
+
+    def _tube_memory(self, tube: str) -> int:
+        return self.policies.of(tube).max_memory
+
     def body_of(self, job) -> bytes:
-        """A job's body, read back from disk if read-behind keeps it there."""
+        """A job's body, read back from disk if read-behind keeps it there.
+
+        Raises BodyError if it cannot be read: the command is answered
+        INTERNAL_ERROR (see `_run`). After a read, the next body of the
+        job's tube is read ahead (a hint to the kernel).
+        """
         body = job.body
         if isinstance(body, int):
-            return self.bodies.read(body)
+            data = self.bodies.read(body)
+            nxt = self.state.peek_ready(job.tube.name)
+            if nxt is not None and nxt is not job and isinstance(nxt.body, int):
+                self.bodies.advise(nxt.body)
+            return data
         return body
+
+    def _spill(self) -> None:
+        """After a commit: bodies of this turn's puts past a memory budget go
+        to disk, newest first (their records are in the file now)."""
+        puts = self._turn_puts
+        self._turn_puts = []
+        store, st = self.bodies, self.state
+        pol = self.policies
+        if not (store.max_memory and st.body_bytes - st.spilled_bytes > store.max_memory) \
+                and not pol.default.max_memory \
+                and not any(t.max_memory for t in pol.tubes.values()):
+            return  # under the server budget, and no tube has one
+        keys: dict = {}
+        for rec, path, offset in reversed(puts):
+            spill_record(store, st, rec, path, offset, keys)
 
     def volatile(self, cls: type, *fields) -> None:
         self.state.apply(cls(0, self.now, *fields))
@@ -349,6 +387,9 @@ class MutationLoop:
                 reply = p.INTERNAL_ERROR
             except ReadOnly:
                 reply = p.READ_ONLY
+            except BodyError as e:
+                log.error("answering INTERNAL_ERROR: %s", e)
+                reply = p.INTERNAL_ERROR
             if reply is dispatch.BLOCK:
                 s.blocked = True
                 s.wait_deadline = st.conns[s.id].wait_deadline
@@ -434,7 +475,11 @@ class MutationLoop:
                 continue
             self.log(r.Reserve, cid, job.id)
             s.blocked = False
-            s.out.append(p.job_reply(b"RESERVED", job.id, self.body_of(job)))
+            try:
+                s.out.append(p.job_reply(b"RESERVED", job.id, self.body_of(job)))
+            except BodyError as e:
+                log.error("answering INTERNAL_ERROR: %s", e)
+                s.out.append(p.INTERNAL_ERROR)
             s.out_mut.append(True)
             self._run(s)
 
@@ -458,6 +503,9 @@ class MutationLoop:
                 committed = True
                 if self._failed_until:
                     self._failed_until = 0.0
+                if self._turn_puts:
+                    self._spill()
+        self._turn_puts = []
         payloads = self._turn_payloads
         if payloads:
             self._turn_payloads = []
@@ -531,7 +579,11 @@ class MutationLoop:
             s.out_mut[:] = [False] * len(s.out)
         from .recovery import recover  # late: recovery is only needed on this path
 
-        self.state = recover(self.data_dir, repair=False).state
+        old = self.bodies
+        self.bodies = old.fresh() if old is not None else None
+        self.state = recover(self.data_dir, repair=False, bodies=self.bodies).state
+        if old is not None:
+            old.close()  # the references of the state we dropped
         for s in self.sessions.values():
             self.volatile(r.Connect, s.id)
             if s.blocked:
