@@ -11,11 +11,20 @@ Only after the child reports the snapshot's path does the task delete the
 folded segments and the older snapshots. A crash anywhere in between leaves
 either the old snapshot with all its segments, or the new snapshot with some
 segments it covers; start-up skips records at or below the snapshot's seq.
+
+Read-behind (bodies.py): when the server keeps bodies on disk, the child
+gets `--max-memory N` (a small budget of its own) and does not load every body
+either: past N it refers to them in the old snapshot and the segments and
+reads them back while writing the new snapshot. It also writes the body index
+`<seq>.bodies` (snapshot.write), from which the server moves references that
+point into the files just folded to the new snapshot (`remap`), so the
+deleted files' fds can close and their disk space is freed.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,25 +33,41 @@ import trio
 
 from . import aof, snapshot
 from .aof import CorruptionError
-from .recovery import apply_next, paths
+from .bodies import COMPACTOR_BUDGET, PUTS, BodyError, BodyStore, spill_record
+from .recovery import apply_next, body_offset, paths
 from .state import State, StateError
 
 log = logging.getLogger("smallstalk.compactor")
 
 
-def fold(data_dir: Path, segments: list[Path]) -> Path:
-    """Replay `segments` (closed, in order) onto the newest snapshot; write the result."""
+def fold(data_dir: Path, segments: list[Path], max_memory: int = 0) -> Path:
+    """Replay `segments` (closed, in order) onto the newest snapshot; write the result.
+
+    `max_memory` > 0: keep at most that many body bytes in memory (the rest
+    are read back from the old files while writing), and write the body index.
+    """
     aof_dir, snap_dir = paths(data_dir)
     snaps = aof.list_snapshots(snap_dir)
-    state = snapshot.load(snaps[-1][1]) if snaps else State()
-    for path in segments:
-        for entry in aof.iter_segment(path):
-            if isinstance(entry, aof.FrameScan):
-                if not entry.clean:
-                    raise CorruptionError(path, entry.end, state.last_seq, entry.why)
-                break
-            apply_next(state, path, *entry)
-    return snapshot.write_state(snap_dir, state)
+    store = BodyStore(max_memory) if max_memory else None
+    state = snapshot.load(snaps[-1][1], store) if snaps else State()
+    state.bodies = store
+    keys: dict = {}
+    try:
+        for path in segments:
+            data = path.read_bytes()
+            for entry in aof.iter_segment(path, data):
+                if isinstance(entry, aof.FrameScan):
+                    if not entry.clean:
+                        raise CorruptionError(path, entry.end, state.last_seq, entry.why)
+                    break
+                offset, rec = entry
+                if apply_next(state, path, offset, rec) and store and type(rec) in PUTS:
+                    spill_record(store, state, rec, path, body_offset(data, offset, rec), keys)
+            del data
+        return snapshot.write_state(snap_dir, state, index=store is not None)
+    finally:
+        if store is not None:
+            store.close()
 
 
 def remove_folded(data_dir: Path, snap: Path, keep=None) -> int:
@@ -70,6 +95,9 @@ def remove_folded(data_dir: Path, snap: Path, keep=None) -> int:
             path.unlink(missing_ok=True)
     for tmp in snap_dir.glob("*.tmp"):
         tmp.unlink(missing_ok=True)
+    for idx in snap_dir.glob("*.bodies"):  # body indexes of earlier compactions
+        if idx.stem.isdigit() and int(idx.stem) < last_seq:
+            idx.unlink(missing_ok=True)
     aof.fsync_dir(aof_dir)
     aof.fsync_dir(snap_dir)
     return removed
@@ -97,12 +125,92 @@ def retention(hours: float | None, max_bytes: int | None):
     return keep
 
 
+async def remap(lp, snap: Path, folded: list[Path]) -> int:
+    """Move spilled bodies off the files a compaction folded, onto its snapshot.
+
+    `folded`: the segments it folded; snapshots older than `snap` count too.
+    Bodies there are readable through the store's open fds even once the
+    files are deleted; this points their jobs at their copies in the new
+    snapshot (found in its body index), so those fds close. In two loop turns,
+    with the index read in a thread between them. Returns the jobs moved.
+    """
+    idx = snapshot.index_path(snap)
+    store = lp.bodies
+    try:
+        if store is None or not idx.exists():
+            return 0
+        snap_seq = int(snap.stem)
+        old_snaps = [p for p in store_paths(store) if _is_older_snapshot(p, snap, snap_seq)]
+
+        def collect():
+            keys = store.keys_of([*folded, *old_snaps])
+            if not keys or lp.bodies is not store:
+                return None
+            wanted = {jid for jid, j in lp.state.jobs.items()
+                      if type(j.body) is int and j.body >> 72 in keys}
+            return keys, wanted
+
+        got = await lp.call(collect)
+        if not got or not got[1]:
+            return 0
+        keys, wanted = got
+        found = await trio.to_thread.run_sync(snapshot.read_index, idx, wanted)
+
+        def move() -> int:
+            if lp.bodies is not store:
+                return 0  # the state was rebuilt meanwhile: its references are new
+            jobs = lp.state.jobs
+            key = None
+            moved = 0
+            for jid, (offset, length) in found.items():
+                j = jobs.get(jid)
+                if j is None or type(j.body) is not int or j.body >> 72 not in keys \
+                        or j.body & 0xFFFFFFFF != length:
+                    continue
+                if key is None:
+                    key = store.key(snap)
+                old = j.body
+                # Same length, on disk either way: the state's byte counts stay.
+                j.body = store.ref(snap, offset, length, key)
+                store.drop(old)
+                moved += 1
+            return moved
+
+        moved = await lp.call(move)
+        left = store.refs_to(keys)
+        if left:
+            log.warning("%d spilled bodies still refer to folded files", left)
+        return moved
+    finally:
+        idx.unlink(missing_ok=True)
+
+
+def store_paths(store: BodyStore) -> list[str]:
+    return [f.path for f in store.files.values()]
+
+
+def _is_older_snapshot(path: str, snap: Path, snap_seq: int) -> bool:
+    p = Path(path)
+    return (str(p.parent) == os.path.abspath(snap.parent) and p.suffix == ".snap"
+            and p.stem.isdigit() and int(p.stem) < snap_seq)
+
+
+def child_args(lp) -> list[str]:
+    """`--max-memory N` for the compactor child when the server keeps bodies on disk."""
+    store = getattr(lp, "bodies", None)
+    if store is None or not (store.max_memory or store.files):
+        return []
+    budget = min(store.max_memory, COMPACTOR_BUDGET) if store.max_memory else COMPACTOR_BUDGET
+    return ["--max-memory", str(budget)]
+
+
 async def run(journal, data_dir: Path, interval: float, max_closed: int = 4,
-              keep=None) -> None:
+              keep=None, lp=None) -> None:
     """The server's compactor task.
 
     Folds the closed segments every `interval` seconds, or as soon as
     `max_closed` of them have piled up (heavy churn), whichever comes first.
+    `lp`: the mutation loop, whose spilled bodies are remapped after a fold.
     """
     last = trio.current_time()
     while True:
@@ -117,8 +225,8 @@ async def run(journal, data_dir: Path, interval: float, max_closed: int = 4,
         started = time.monotonic()
         try:
             result = await trio.run_process(
-                [sys.executable, "-m", "smallstalk.compactor", str(data_dir),
-                 *map(str, fixed)],
+                [sys.executable, "-m", "smallstalk.compactor", *child_args(lp),
+                 str(data_dir), *map(str, fixed)],
                 capture_stdout=True, capture_stderr=True, check=False)
         except OSError:
             log.exception("could not start the compactor")
@@ -136,18 +244,30 @@ async def run(journal, data_dir: Path, interval: float, max_closed: int = 4,
             log.exception("could not delete the segments folded into %s", snap.name)
             await trio.sleep(interval)
             continue
-        log.info("compacted %d segments into %s in %.2fs", removed, snap.name,
-                 time.monotonic() - started)
+        moved = 0
+        if lp is not None:
+            try:
+                moved = await remap(lp, snap, fixed)
+            except Exception:  # the fds stay open: bodies stay readable, disk space is not freed
+                log.exception("could not move spilled bodies to %s", snap.name)
+        log.info("compacted %d segments into %s in %.2fs%s", removed, snap.name,
+                 time.monotonic() - started,
+                 f"; {moved} spilled bodies now read from it" if moved else "")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    args = list(sys.argv[1:] if argv is None else argv)
+    max_memory = 0
+    if args[:1] == ["--max-memory"] and len(args) > 1 and args[1].isdigit():
+        max_memory = int(args[1])
+        del args[:2]
     if len(args) < 2:
-        print("usage: python -m smallstalk.compactor DATA_DIR SEGMENT...", file=sys.stderr)
+        print("usage: python -m smallstalk.compactor [--max-memory BYTES] DATA_DIR SEGMENT...",
+              file=sys.stderr)
         return 2
     try:
-        print(fold(Path(args[0]), [Path(a) for a in args[1:]]))
-    except (CorruptionError, StateError) as e:
+        print(fold(Path(args[0]), [Path(a) for a in args[1:]], max_memory))
+    except (CorruptionError, StateError, BodyError) as e:
         print(f"compaction stopped: {e}", file=sys.stderr)
         return 1
     return 0

@@ -8,13 +8,19 @@ valid smallstalk data directory at all times. It acknowledges each batch once
 it is on disk. A record already applied is skipped, a gap breaks the
 connection; after any break it reconnects with back-off and resumes from
 what it has. Clients may read (peek, stats, list) but not change anything.
+
+A full resync streams the primary's snapshot into `DATA_DIR/resync.snap.tmp`
+as it arrives (never all of it in memory), then installs it in one loop turn;
+with read-behind the installed state refers to bodies in that file.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import struct
 import zlib
+from pathlib import Path
 
 import cbor2
 import trio
@@ -22,6 +28,7 @@ import trio
 from . import aof, snapshot
 from . import protocol as p
 from . import records as r
+from .aof import CorruptionError
 from .recovery import paths
 from .state import NS, State
 
@@ -131,17 +138,14 @@ class Follower:
                 raise FeedError(line.decode(errors="replace"))
             leftover: list[bytes] = []  # record frames that came with the snapshot's end
             if words[0] == b"FULLRESYNC":
-                items: list = []
-                while not leftover and not (items and items[-1][0] == "end"):
-                    payloads = await reader.frames()
-                    for i, payload in enumerate(payloads):
-                        items.append(cbor2.loads(payload))
-                        if items[-1][0] == "end":
-                            leftover = payloads[i + 1:] or [b""]
-                            break
-                await lp.call(install_snapshot, lp, items[:-1], int(words[3]))
-                leftover = [pl for pl in leftover if pl]
-                log.info("full resync from snapshot at seq %d", int(words[3]))
+                snap_seq = int(words[3])
+                tmp = resync_path(lp.data_dir)
+                try:
+                    leftover = await receive_snapshot(reader, tmp, snap_seq)
+                    await lp.call(install_snapshot, lp, tmp, snap_seq)
+                finally:
+                    tmp.unlink(missing_ok=True)
+                log.info("full resync from snapshot at seq %d", snap_seq)
             self.connected = True
             self.last_error = None
             log.info("following %s:%d from seq %d", self.host, self.port, lp.state.last_seq)
@@ -163,19 +167,61 @@ class Follower:
                     await stream.send_all(p.render(p.ReplicaAck(lp.state.last_seq)))
 
 
-def install_snapshot(lp, items: list, snap_seq: int) -> None:
-    """Replace our state and files with the primary's snapshot (inside the loop)."""
+def resync_path(data_dir: Path) -> Path:
+    """Where a full resync's snapshot is received (outside snapshots/, whose
+    `*.tmp` files a compaction deletes)."""
+    return data_dir / "resync.snap.tmp"
+
+
+async def receive_snapshot(reader: FrameReader, path: Path, snap_seq: int) -> list[bytes]:
+    """Write the snapshot items of a FULLRESYNC to `path` as they arrive, up to
+    and with `end`, fsynced; return the record frames that came after it."""
+    with open(path, "wb") as f:
+        f.write(aof.header(aof.SNAPSHOT_MAGIC, snap_seq))
+        while True:
+            payloads = await reader.frames()
+            for i, payload in enumerate(payloads):
+                f.write(aof.frame(payload))
+                if payload[1:5] == b"\x63end" and cbor2.loads(payload)[0] == "end":
+                    f.flush()
+                    await trio.to_thread.run_sync(os.fsync, f.fileno())
+                    return payloads[i + 1:]
+
+
+def install_snapshot(lp, path: Path, snap_seq: int) -> None:
+    """Replace our state and files with the primary's snapshot at `path` (inside the loop).
+
+    The file is checked by loading it (bodies past the budget stay in it);
+    only then does it become our snapshot and our segments go.
+    """
     from . import records
 
-    state = State.load(items)
+    store = lp.bodies.fresh() if lp.bodies is not None else None
+    try:
+        state = snapshot.load(path, store)
+    except CorruptionError as e:
+        if store is not None:
+            store.close()
+        raise FeedError(f"the primary's snapshot does not load: {e}") from None
     if state.last_seq != snap_seq:
+        if store is not None:
+            store.close()
         raise FeedError(f"snapshot says seq {snap_seq}, its items {state.last_seq}")
     _aof_dir, snap_dir = paths(lp.data_dir)
-    written = snapshot.write(snap_dir, snap_seq, items)
-    for _seq, path in aof.list_snapshots(snap_dir):
-        if path != written:
-            path.unlink(missing_ok=True)
+    snap_dir.mkdir(parents=True, exist_ok=True)
+    written = snap_dir / aof.snapshot_name(snap_seq)
+    os.rename(path, written)
+    aof.fsync_dir(snap_dir)
+    if store is not None:
+        store.renamed(path, written)
+    for _seq, old in aof.list_snapshots(snap_dir):
+        if old != written:
+            old.unlink(missing_ok=True)
     lp.journal.reset(snap_seq + 1)
+    old_store = lp.bodies
     lp.state = state
+    if store is not None:
+        lp.use_bodies(store)
+        old_store.close()  # the references of the state we replaced
     for sid in lp.sessions:
         lp.volatile(records.Connect, sid)
