@@ -603,11 +603,19 @@ def _parse_dump(argv: list[str]) -> argparse.Namespace:
 
 
 def job_ids(rec: records.Record) -> tuple[int, ...]:
-    """The jobs a record names."""
+    """The jobs a record names (a put-jobs: the jobs it makes, then those it discards)."""
     jid = getattr(rec, "id", None)
     if jid is not None:
         return (jid,)
+    t = type(rec)
+    if t is r.PutJobs:
+        return (*(i for i, _tube in rec.jobs), *rec.dropped)
+    if t is r.Expire:
+        return tuple(i for i, _to, _expires in rec.moves)
     return getattr(rec, "ids", ())
+
+
+OP_WIDTH = max(map(len, records.OP_NAMES.values()))
 
 
 class DumpLine:
@@ -619,7 +627,7 @@ class DumpLine:
 
     def header(self) -> str:
         w = self.w
-        return (f"{'seq':>{w}}  {'time':<{self.clock.width}}  {'op':<10}  {'conn':>6}  "
+        return (f"{'seq':>{w}}  {'time':<{self.clock.width}}  {'op':<{OP_WIDTH}}  {'conn':>6}  "
                 f"{'job':>{w}}  details")
 
     def __call__(self, rec: records.Record) -> str:
@@ -627,7 +635,7 @@ class DumpLine:
         conn = getattr(rec, "conn", None)
         ids = job_ids(rec)
         job = str(ids[0]) if len(ids) == 1 else ""
-        line = (f"{rec.seq:>{self.w}}  {self.clock.fmt(rec.time)}  {op:<10}  "
+        line = (f"{rec.seq:>{self.w}}  {self.clock.fmt(rec.time)}  {op:<{OP_WIDTH}}  "
                 f"{'' if conn is None else conn:>6}  {job:>{self.w}}  {details(rec)}")
         return line.rstrip()
 
@@ -647,12 +655,27 @@ def details(rec: records.Record) -> str:
         return f"jobs {','.join(map(str, rec.ids))}"
     if t is r.Restart:
         return "server started: earlier connections are gone"
+    if t is r.PutJobs:
+        jobs = ", ".join(f"{i} {tube}" for i, tube in rec.jobs) or "none"
+        dropped = f"  dropped {','.join(map(str, rec.dropped))}" if rec.dropped else ""
+        return (f"jobs {jobs}  pri {rec.pri}  delay {rec.delay}s  ttr {rec.ttr}s  "
+                f"expires {_expiry(rec.expires, rec.time)}{dropped}  body {preview(rec.body)}")
+    if t is r.Expire:
+        return "  ".join(f"{i} " + (f"moved to {to}, expires {_expiry(expires, rec.time)}"
+                                    if to else "deleted") for i, to, expires in rec.moves)
+    if t is r.DeleteTube:
+        return f"tube {rec.tube}  (no more fanout copies)"
     # Any other record: its own fields (those not in the columns), by name.
     return "  ".join(f"{name} {getattr(rec, name)}" for name in records.FIELDS.get(t, ())
                      if name not in _IN_COLUMNS)
 
 
 _IN_COLUMNS = {"seq", "time", "conn", "id", "ids"}
+
+
+def _expiry(expires: int, now: int) -> str:
+    """An expiry time (ns, 0 = never) as the time it leaves from `now`: `+1h00m`, `never`."""
+    return "never" if not expires else "+" + fmt_dur(expires - now)
 
 
 def record_json(rec: records.Record, file: str | None = None, offset: int | None = None) -> dict:
@@ -686,6 +709,21 @@ class TubeOfJobs:
         if t is r.Put:
             self.tubes[rec.id] = rec.tube
             return rec.tube in wanted
+        if t is r.PutJobs:
+            hit = any([self.tubes.pop(jid, None) in wanted for jid in rec.dropped])
+            for jid, tube in rec.jobs:
+                self.tubes[jid] = tube
+                hit = hit or tube in wanted
+            return hit
+        if t is r.Expire:
+            hit = False
+            for jid, to, _expires in rec.moves:
+                hit = hit or self.tubes.get(jid) in wanted or to in wanted
+                if to:
+                    self.tubes[jid] = to
+                else:
+                    self.tubes.pop(jid, None)
+            return hit
         tube = getattr(rec, "tube", None)
         if tube is not None:
             return tube in wanted
@@ -790,6 +828,8 @@ def _mismatch(snap_items: Iterator[list], live: Iterator[list]) -> str | None:
     n = 0
     while True:
         a, b = next(snap_items, None), next(live, None)
+        if a is not None:
+            a = _current_layout(a)
         if a is None and b is None:
             return None
         if a is None or b is None:
@@ -801,9 +841,21 @@ def _mismatch(snap_items: Iterator[list], live: Iterator[list]) -> str | None:
 
 def _same_job(a: list, b: list) -> bool:
     # A deadline means nothing for ready and buried jobs (README: readers ignore it).
-    if a[:1] == ["job"] == b[:1] and len(a) == len(b) == 16 and a[7] == b[7] in (READY, BURIED):
+    if a[:1] == ["job"] == b[:1] and len(a) == len(b) and a[7] == b[7] in (READY, BURIED):
         return a[:9] + a[10:] == b[:9] + b[10:]
     return False
+
+
+# Snapshot items of an older format, padded to today's layout: fields are only ever
+# appended, and State.load reads a missing one as 0 (snapshots/README.md, Versioning).
+_ITEM_LENGTHS = {"tube": 9, "job": 17}
+
+
+def _current_layout(item: list) -> list:
+    n = _ITEM_LENGTHS.get(item[0]) if item else None
+    if n is not None and len(item) < n:
+        return [*item, *[0] * (n - len(item))]
+    return item
 
 
 def verify(data_dir: Path, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
@@ -1027,7 +1079,8 @@ def cmd_verify(args: argparse.Namespace, out: Out) -> int:
 def _parse_replay(argv: list[str]) -> argparse.Namespace:
     p = _parser("replay", "Rebuild the state as it was after record N (--until-seq) or at a "
                 "time (--until: every record up to that time) and show it: per tube the "
-                "ready, delayed, reserved and buried counts; with --jobs every job. "
+                "ready, delayed, reserved and buried counts and the jobs expired and "
+                "discarded, the fanout tubes; with --jobs every job. "
                 "--write-snapshot writes it as a snapshot file a server can start from.")
     point = p.add_mutually_exclusive_group(required=True)
     point.add_argument("--until-seq", type=_seq, metavar="N", help="the state after record N")
@@ -1148,6 +1201,9 @@ def cmd_replay(args: argparse.Namespace, out: Out) -> int:
             if tubes and name not in tubes:
                 continue
             out.line(jsonl({"kind": "tube", **_tube_counts(st, name)}))
+        for parent, children in st.fanout.items():
+            if not tubes or parent in tubes:
+                out.line(jsonl({"kind": "fanout", "parent": parent, "tubes": children}))
         if args.jobs:
             for j in _jobs(st, tubes, states):
                 out.line(jsonl({"kind": "job", "id": j.id, "tube": j.tube.name,
@@ -1156,7 +1212,8 @@ def cmd_replay(args: argparse.Namespace, out: Out) -> int:
                                 "deadline": j.deadline if j.state in (DELAYED, RESERVED) else None,
                                 "reserver": j.reserver or None, "reserves": j.reserves,
                                 "timeouts": j.timeouts, "releases": j.releases,
-                                "buries": j.buries, "kicks": j.kicks, "body": j.body}))
+                                "buries": j.buries, "kicks": j.kicks,
+                                "expires": j.expires or None, "body": j.body}))
         return EXIT_OK
 
     at = (f"at {clock.fmt(rb.now)} (after seq {st.last_seq})" if until_time is not None
@@ -1176,22 +1233,30 @@ def cmd_replay(args: argparse.Namespace, out: Out) -> int:
         t = st.tubes[name]
         paused = fmt_dur(t.unpause_at - rb.now) if t.unpause_at > rb.now else "-"
         rows.append([name, c["ready"], c["delayed"], c["reserved"], c["buried"], c["total"],
-                     paused])
-    for line in table(["tube", "ready", "delayed", "reserved", "buried", "total", "paused"],
-                      rows, "lrrrrrr", {6: DUR_WIDTH}):
+                     c["expired"], c["discarded"], paused])
+    for line in table(["tube", "ready", "delayed", "reserved", "buried", "total", "expired",
+                       "discarded", "paused"], rows, "lrrrrrrrr", {8: DUR_WIDTH}):
         out.line(line)
+    shown = [(parent, children) for parent, children in st.fanout.items()
+             if not tubes or parent in tubes]
+    if shown:
+        out.line()
+        for parent, children in shown:
+            out.line(f"fanout: puts into {parent} are copied into {', '.join(children)}")
     if args.jobs:
         out.line()
         rows = []
         for j in _jobs(st, tubes, states):
             left = (fmt_dur(j.deadline - rb.now) if j.state in (DELAYED, RESERVED) else "-")
+            expires = fmt_dur(j.expires - rb.now) if j.expires else "-"
             rows.append([j.id, j.tube.name, STATES[j.state], j.pri, fmt_dur(rb.now - j.created),
-                         j.delay, j.ttr, left, j.reserver if j.state == RESERVED else "-",
+                         j.delay, j.ttr, left, expires, j.reserver if j.state == RESERVED else "-",
                          j.reserves, j.timeouts, j.releases, j.buries, j.kicks, preview(j.body)])
         if rows:
             for line in table(["id", "tube", "state", "pri", "age", "delay", "ttr", "time-left",
-                               "reserver", "reserves", "timeouts", "releases", "buries", "kicks",
-                               "body"], rows, "rllrrrrrrrrrrr", {4: DUR_WIDTH, 7: DUR_WIDTH}):
+                               "expires", "reserver", "reserves", "timeouts", "releases",
+                               "buries", "kicks", "body"], rows, "rllrrrrrrrrrrrr",
+                              {4: DUR_WIDTH, 7: DUR_WIDTH, 8: DUR_WIDTH}):
                 out.line(line)
         else:
             out.line("no jobs")
@@ -1203,7 +1268,7 @@ def _tube_counts(st: State, name: str) -> dict[str, Any]:
     return {"name": name, "ready": t.ready_n, "delayed": t.delayed_n, "reserved": t.reserved_n,
             "buried": len(t.buried), "total": t.jobs_n, "total_jobs": t.total_jobs,
             "cmd_delete": t.cmd_delete, "cmd_pause": t.cmd_pause, "pause": t.pause,
-            "unpause_at": t.unpause_at}
+            "unpause_at": t.unpause_at, "expired": t.expired_n, "discarded": t.discarded_n}
 
 
 def _jobs(st: State, tubes: set[str], states: set[int]) -> Iterator[Any]:
@@ -1249,10 +1314,11 @@ def main_replay(argv: list[str], stdout: IO[str] | None = None,
 
 
 def _parse_job_history(argv: list[str]) -> argparse.Namespace:
-    p = _parser("job-history", "The whole life of one job as a timeline: its put, each "
-                "reservation (by which connection, held how long, and how it ended: release, "
-                "bury, delete, TTR timeout, disconnect, server restart), kicks and delays, with "
-                "the time between steps.")
+    p = _parser("job-history", "The whole life of one job as a timeline: its put (or fanout "
+                "copy), each reservation (by which connection, held how long, and how it ended: "
+                "release, bury, delete, TTR timeout, disconnect, server restart), kicks and "
+                "delays, expiry (deleted, or moved to a dead-letter tube where its life goes "
+                "on) or being discarded from a full tube, with the time between steps.")
     p.add_argument("job", type=_seq, metavar="ID")
     p.add_argument("--format", choices=("text", "jsonl"), default="text")
     return p.parse_args(argv)
@@ -1263,7 +1329,7 @@ class Step:
     seq: int | None
     time: int | None
     event: str  # put, reserve, timeout, release, bury, kick, promote, touch, delete,
-    #             disconnect, restart, snapshot, end
+    #             disconnect, restart, expire, move, discard, snapshot, end
     state: str  # the job's state after the step (or "?" when not known)
     text: str
     conn: int | None = None
@@ -1275,7 +1341,8 @@ class Step:
 class JobHistory:
     job: int
     steps: list[Step] = attrs.Factory(list)
-    tube: str | None = None
+    tube: str | None = None  # the tube it was put into (or was in at the snapshot)
+    moved_to: list[str] = attrs.Factory(list)  # dead-letter tubes an expiry moved it to
     put_seq: int | None = None
     complete: bool = False  # the put is in the log
     folded: HistoryFolded | None = None  # set when earlier history is gone
@@ -1295,6 +1362,7 @@ class _JobTracker:
         self.reserved_at: int | None = None
         self.since: int | None = None
         self.ttr: int | None = None
+        self.tube: str | None = None  # where the job is now
 
     def step(self, rec: records.Record, event: str, state: str, text: str,
              conn: int | None = None, held: int | None = None) -> None:
@@ -1317,6 +1385,7 @@ class _JobTracker:
             if rec.id != jid:
                 return
             self.ttr = max(rec.ttr, 1)
+            self.tube = rec.tube
             self.h.tube, self.h.put_seq, self.h.complete, self.h.alive = rec.tube, rec.seq, True, True
             self.step(rec, "put", "delayed" if rec.delay else "ready",
                       f"put by conn {rec.conn} into {rec.tube}: pri {rec.pri}, delay {rec.delay}s, "
@@ -1366,6 +1435,12 @@ class _JobTracker:
                 ttr = f" ({self.ttr}s)" if self.ttr else ""
                 who = f": conn {holder} lost it" if holder is not None else ""
                 self.step(rec, "timeout", "ready", f"TTR{ttr} ran out{who}", holder, held)
+        elif t is r.PutJobs:
+            self._put_jobs(rec)
+        elif t is r.Expire:
+            for i, to, expires in rec.moves:
+                if i == jid:
+                    self._expire(rec, to, expires)
         elif t is r.Disconnect:
             if self.state == "reserved" and rec.conn == self.holder:
                 held = self.end_reservation(rec, "ended by disconnect")
@@ -1379,19 +1454,65 @@ class _JobTracker:
                 self.step(rec, "restart", "ready",
                           f"server restarted: {who} reservation ended", holder, held)
 
+    def _put_jobs(self, rec: r.PutJobs) -> None:
+        jid = self.jid
+        if jid in rec.dropped:
+            made = ", ".join(f"{i} ({tube})" for i, tube in rec.jobs) or "none kept"
+            self.step(rec, "discard", "discarded",
+                      f"discarded to make room in full {self.tube or 'tube'} by conn {rec.conn}'s "
+                      f"put (jobs {made})", rec.conn)
+            self.h.alive = False
+            return
+        ids = [i for i, _tube in rec.jobs]
+        if jid not in ids:
+            return
+        n = ids.index(jid)
+        tube = rec.jobs[n][1]
+        first_id, first_tube = rec.jobs[0]
+        if n:
+            made = f" into {tube}, a fanout copy of job {first_id} ({first_tube})"
+        else:
+            copies = ", ".join(f"{i} ({t})" for i, t in rec.jobs[1:])
+            made = f" into {tube}" + (f" (fanout copies: {copies})" if copies else "")
+        expires = f", expires {_expiry(rec.expires, rec.time)}" if rec.expires else ""
+        dropped = (f"; discarded {plural(len(rec.dropped), 'job')} "
+                   f"({', '.join(map(str, rec.dropped))}) to make room" if rec.dropped else "")
+        self.ttr = max(rec.ttr, 1)
+        self.tube = tube
+        self.h.tube, self.h.put_seq, self.h.complete, self.h.alive = tube, rec.seq, True, True
+        self.step(rec, "put", "delayed" if rec.delay else "ready",
+                  f"put by conn {rec.conn}{made}: pri {rec.pri}, delay {rec.delay}s, "
+                  f"ttr {rec.ttr}s{expires}, body {preview(rec.body)}{dropped}", rec.conn)
+
+    def _expire(self, rec: r.Expire, to: str, expires: int) -> None:
+        where = f" in {self.tube}" if self.tube else ""
+        was = f" ({self.state})" if self.state in ("delayed",) else ""
+        if not to:
+            self.step(rec, "expire", "expired", f"expired{where}{was}: deleted")
+            self.h.alive = False
+            return
+        self.h.alive = True
+        self.h.moved_to.append(to)
+        self.tube = to
+        self.step(rec, "move", "ready",
+                  f"expired{where}{was}: moved to {to}, expires {_expiry(expires, rec.time)}")
+
     def from_snapshot(self, item: list, snap: history.SnapshotFile, meta_time: int,
                       clock: Clock) -> None:
         (_, _jid, tube, pri, delay, ttr, body, st, created, _deadline, reserver, reserves,
-         timeouts, releases, buries, kicks) = item
+         timeouts, releases, buries, kicks, *rest) = item
+        expires = rest[0] if rest else 0  # format 2 on
         name = STATES[st]
-        self.h.tube, self.h.alive, self.ttr = tube, True, ttr
+        self.h.tube, self.h.alive, self.ttr, self.tube = tube, True, ttr, tube
         self.state, self.since = name, meta_time  # time in states counts from the snapshot
         holder = ""
         if st == RESERVED:
             self.holder, self.reserved_at = reserver, None
             holder = f" by conn {reserver}"
         text = (f"in snapshot {snap.path.name}: {name}{holder}; put at {clock.fmt(created)} into "
-                f"{tube}, pri {pri}, delay {delay}s, ttr {ttr}s, body {preview(body)}; so far "
+                f"{tube}, pri {pri}, delay {delay}s, ttr {ttr}s"
+                f"{f', expires {_expiry(expires, meta_time)}' if expires else ''}, "
+                f"body {preview(body)}; so far "
                 f"{plural(reserves, 'reservation')}, {plural(timeouts, 'timeout')}, "
                 f"{plural(releases, 'release')}, {plural(buries, 'bury', 'buries')}, "
                 f"{plural(kicks, 'kick')}")
@@ -1502,9 +1623,14 @@ def cmd_job_history(args: argparse.Namespace, out: Out) -> int:
         began = "put before the log begins"
     if last.event == "delete":
         ended = f"deleted at seq {last.seq} by conn {last.conn}"
+    elif last.event == "discard":
+        ended = f"discarded at seq {last.seq} by conn {last.conn}'s put"
+    elif last.event == "expire":
+        ended = f"expired at seq {last.seq} (deleted)"
     else:
         ended = f"{last.state} at the end of the log"
-    out.line(f"job {h.job} (tube {h.tube or '?'}): {began}; {ended}")
+    tubes = ", then ".join([h.tube or "?", *h.moved_to])
+    out.line(f"job {h.job} (tube {tubes}): {began}; {ended}")
     out.line()
     rows = []
     for s in h.steps:
@@ -1528,11 +1654,15 @@ def _ends_reservation(s: Step) -> bool:
 
 
 def _summary(h: JobHistory) -> dict:
-    return {"kind": "summary", "job": h.job, "tube": h.tube, "complete": h.complete,
+    return {"kind": "summary", "job": h.job, "tube": h.tube, "moved_to": h.moved_to,
+            "complete": h.complete,
             "alive": h.alive, "put_seq": h.put_seq, "time_in_ns": h.time_in,
             "reservations": h.reservations, "counts": h.counts,
             "log_end_seq": h.log_end[0] if h.log_end else None,
             "folded": str(h.folded) if h.folded else None}
+
+
+_ENDS = {"delete": "delete", "expire": "expiry", "discard": "discard"}
 
 
 def _summary_lines(h: JobHistory) -> list[tuple[str, str, str]]:
@@ -1540,7 +1670,7 @@ def _summary_lines(h: JobHistory) -> list[tuple[str, str, str]]:
     timed = [s for s in h.steps if s.time is not None]
     if len(timed) >= 2:
         span = timed[-1].time - timed[0].time
-        end = "delete" if h.steps[-1].event == "delete" else "end of the log, still alive"
+        end = _ENDS.get(h.steps[-1].event, "end of the log, still alive")
         if h.complete:
             out.append(("lifetime", fmt_dur(span), f"put to {end}"))
         else:

@@ -188,14 +188,14 @@ data directory DATA (times in UTC)
 
 snapshots
   file                       seq  time                      jobs  tubes  conns   size  status
-  00000000000000000030.snap   30  {T}     4      3      2  463 B  ok (newest: start-up loads it)
+  00000000000000000030.snap   30  {T}     4      3      2  473 B  ok (newest: start-up loads it)
 
 segments
   file                      seqs    records  first record              last record               size  note
   00000000000000000031.aof  31..31        1  {T}  {T}  45 B  last (open while a server runs)
 
 1 segment: 1 record, seqs 31..31, 45 B
-1 snapshot: newest at seq 30, 463 B
+1 snapshot: newest at seq 30, 473 B
 seqs 1..30 are no longer in the log: folded away by the compactor into snapshots/00000000000000000030.snap (only the state is kept)
 """, "")
 
@@ -221,37 +221,37 @@ def test_aof_ls_jsonl(log_dir: Path) -> None:
 # --- aof dump -------------------------------------------------------------------------------
 
 DUMP = f"""\
-  seq  time                      op            conn    job  details
-    1  {T}  new-epoch                  epoch 1  history HHHHHHHHHHHHHHHH
-    2  {T}  restart                    server started: earlier connections are gone
-    3  {T}  use              1         tube emails
-    4  {T}  put              1      1  tube emails  pri 100  delay 0s  ttr 1s  body 7 B "email-1"
-    5  {T}  put              1      2  tube emails  pri 200  delay 0s  ttr 60s  body 7 B "email-2"
-    6  {T}  put              1      3  tube emails  pri 300  delay 3600s  ttr 60s  body 7 B "email-3"
-    7  {T}  watch            2         tube emails
-    8  {T}  ignore           2         tube default
-    9  {T}  reserve          2      1
-   10  {T}  timeout                 1
-   11  {T}  reserve          2      1
-   12  {T}  release          2      1  pri 50  delay 0s
-   13  {T}  reserve          2      1
-   14  {T}  bury             2      1  pri 60
-   15  {T}  kick             1      1
-   16  {T}  reserve          2      1
-   17  {T}  delete           2      1
-   18  {T}  reserve          2      2
-   19  {T}  disconnect       2
-   20  {T}  watch            3         tube emails
-   21  {T}  ignore           3         tube default
-   22  {T}  reserve          3      2
-   23  {T}  use              1         tube other
-   24  {T}  put              1      4  tube other  pri 7  delay 0s  ttr 60s  body 7 B "other-1"
-   25  {T}  restart                    server started: earlier connections are gone
-   26  {T}  use              4         tube emails
-   27  {T}  put              4      5  tube emails  pri 500  delay 0s  ttr 60s  body 7 B "email-4"
-   28  {T}  watch            5         tube emails
-   29  {T}  ignore           5         tube default
-   30  {T}  reserve          5      2
+  seq  time                      op             conn    job  details
+    1  {T}  new-epoch                   epoch 1  history HHHHHHHHHHHHHHHH
+    2  {T}  restart                     server started: earlier connections are gone
+    3  {T}  use               1         tube emails
+    4  {T}  put               1      1  tube emails  pri 100  delay 0s  ttr 1s  body 7 B "email-1"
+    5  {T}  put               1      2  tube emails  pri 200  delay 0s  ttr 60s  body 7 B "email-2"
+    6  {T}  put               1      3  tube emails  pri 300  delay 3600s  ttr 60s  body 7 B "email-3"
+    7  {T}  watch             2         tube emails
+    8  {T}  ignore            2         tube default
+    9  {T}  reserve           2      1
+   10  {T}  timeout                  1
+   11  {T}  reserve           2      1
+   12  {T}  release           2      1  pri 50  delay 0s
+   13  {T}  reserve           2      1
+   14  {T}  bury              2      1  pri 60
+   15  {T}  kick              1      1
+   16  {T}  reserve           2      1
+   17  {T}  delete            2      1
+   18  {T}  reserve           2      2
+   19  {T}  disconnect        2
+   20  {T}  watch             3         tube emails
+   21  {T}  ignore            3         tube default
+   22  {T}  reserve           3      2
+   23  {T}  use               1         tube other
+   24  {T}  put               1      4  tube other  pri 7  delay 0s  ttr 60s  body 7 B "other-1"
+   25  {T}  restart                     server started: earlier connections are gone
+   26  {T}  use               4         tube emails
+   27  {T}  put               4      5  tube emails  pri 500  delay 0s  ttr 60s  body 7 B "email-4"
+   28  {T}  watch             5         tube emails
+   29  {T}  ignore            5         tube default
+   30  {T}  reserve           5      2
 """
 
 
@@ -308,8 +308,8 @@ def test_aof_dump_folded_says_so(folded_dir: Path) -> None:
                            "--from-seq", 5)
     assert code == 0
     assert out == f"""\
-  seq  time                      op            conn    job  details
-   31  {T}  restart                    server started: earlier connections are gone
+  seq  time                      op             conn    job  details
+   31  {T}  restart                     server started: earlier connections are gone
 """
     assert err == f"note: records 5..30 are {FOLDED} Showing the records the log holds.\n"
 
@@ -472,16 +472,16 @@ verdict: OK (no damage, 1 warning)
 REPLAY_30 = """\
 4 jobs: 2 ready, 1 delayed, 1 reserved, 0 buried; 2 connections; 5 put in all, 1 TTR timeout
 
-tube     ready  delayed  reserved  buried  total   paused
-default      0        0         0       0      0        -
-emails       1        1         1       0      3        -
-other        1        0         0       0      1        -
+tube     ready  delayed  reserved  buried  total  expired  discarded   paused
+default      0        0         0       0      0        0          0        -
+emails       1        1         1       0      3        0          0        -
+other        1        0         0       0      1        0          0        -
 
-id  tube    state     pri      age  delay  ttr  time-left  reserver  reserves  timeouts  releases  buries  kicks  body
- 2  emails  reserved  200        ~      0   60          ~         5         3         0         0       0      0  7 B "email-2"
- 3  emails  delayed   300        ~   3600   60          ~         -         0         0         0       0      0  7 B "email-3"
- 4  other   ready       7        ~      0   60          -         -         0         0         0       0      0  7 B "other-1"
- 5  emails  ready     500        ~      0   60          -         -         0         0         0       0      0  7 B "email-4"
+id  tube    state     pri      age  delay  ttr  time-left  expires  reserver  reserves  timeouts  releases  buries  kicks  body
+ 2  emails  reserved  200        ~      0   60          ~        -         5         3         0         0       0      0  7 B "email-2"
+ 3  emails  delayed   300        ~   3600   60          ~        -         -         0         0         0       0      0  7 B "email-3"
+ 4  other   ready       7        ~      0   60          -        -         -         0         0         0       0      0  7 B "other-1"
+ 5  emails  ready     500        ~      0   60          -        -         -         0         0         0       0      0  7 B "email-4"
 """
 
 
@@ -491,13 +491,13 @@ def test_replay(log_dir: Path, folded_dir: Path) -> None:
 state at seq 18 ({T}): the empty state + 18 records
 2 jobs: 0 ready, 1 delayed, 1 reserved, 0 buried; 2 connections; 3 put in all, 1 TTR timeout
 
-tube     ready  delayed  reserved  buried  total   paused
-default      0        0         0       0      0        -
-emails       0        1         1       0      2        -
+tube     ready  delayed  reserved  buried  total  expired  discarded   paused
+default      0        0         0       0      0        0          0        -
+emails       0        1         1       0      2        0          0        -
 
-id  tube    state     pri      age  delay  ttr  time-left  reserver  reserves  timeouts  releases  buries  kicks  body
- 2  emails  reserved  200        ~      0   60          ~         2         1         0         0       0      0  7 B "email-2"
- 3  emails  delayed   300        ~   3600   60          ~         -         0         0         0       0      0  7 B "email-3"
+id  tube    state     pri      age  delay  ttr  time-left  expires  reserver  reserves  timeouts  releases  buries  kicks  body
+ 2  emails  reserved  200        ~      0   60          ~        -         2         1         0         0       0      0  7 B "email-2"
+ 3  emails  delayed   300        ~   3600   60          ~        -         -         0         0         0       0      0  7 B "email-3"
 """, "")
     assert run_n(tools.main_replay, log_dir, log_dir, "--until-seq", 30, "--jobs",
                  "--utc") == (0, f"state at seq 30 ({T}): the empty state + 30 records\n"
@@ -518,8 +518,8 @@ def test_replay_until_a_time(log_dir: Path) -> None:
 state at {T} (after seq 18): the empty state + 18 records
 2 jobs: 0 ready, 1 delayed, 1 reserved, 0 buried; 2 connections; 3 put in all, 1 TTR timeout
 
-tube    ready  delayed  reserved  buried  total   paused
-emails      0        1         1       0      2        -
+tube    ready  delayed  reserved  buried  total  expired  discarded   paused
+emails      0        1         1       0      2        0          0        -
 """
     code, out, err = run(tools.main_replay, log_dir, "--until", at, "--jobs",
                          "--format", "jsonl", "--state", "reserved")
@@ -889,3 +889,139 @@ def test_the_cli_runs_the_tools(log_dir: Path) -> None:
     missing = log_dir / "nope"
     done = cli("replay", missing, "--until-seq", 1)
     assert (done.returncode, done.stderr) == (1, f"smallstalk: {missing}: no such directory\n")
+
+
+# --- big tubes (format 2): fanout, discards, expiry -------------------------------------------
+#
+# The v2 golden fixture is a real server's data directory (tools/make_fixtures.py; ids and seqs
+# are in snapshots/v2/expected.json): seq 41 put order-2 into orders with an expiry of an hour,
+# as jobs 13 (orders), 14 (orders+audit) and 15 (orders+archive), dropping job 10 from the full
+# orders; seq 43 dropped job 13; job 18 expired and was deleted (seq 46); job 20 was put into
+# reports and moved to the dead-letter tube dead when it expired (seq 50).
+
+V2 = REPO / "snapshots" / "v2" / "log-only"
+
+
+def test_job_history_of_big_tube_jobs() -> None:
+    def history_of(jid: int) -> str:
+        code, out, err = run_n(tools.main_job_history, V2, V2, jid, "--utc")
+        assert (code, err) == (0, "")
+        return out
+
+    assert history_of(14) == f"""\
+job 14 (tube orders+audit): put at seq 41 by conn 2; ready at the end of the log
+
+seq  time                          step     held  state  event
+ 41  {T}                     ready  put by conn 2 into orders+audit, a fanout copy of job 13 (orders): pri 20, delay 0s, ttr 3600s, expires +1h00m, body 7 B "order-2"; discarded 1 job (10) to make room
+     {T}         ~           ready  end of the log (seq 63): still ready
+
+lifetime            ~  put to end of the log, still alive
+  ready             ~
+"""
+    assert history_of(13) == f"""\
+job 13 (tube orders): put at seq 41 by conn 2; discarded at seq 43 by conn 2's put
+
+seq  time                          step     held  state      event
+ 41  {T}                     ready      put by conn 2 into orders (fanout copies: 14 (orders+audit), 15 (orders+archive)): pri 20, delay 0s, ttr 3600s, expires +1h00m, body 7 B "order-2"; discarded 1 job (10) to make room
+ 43  {T}         ~           discarded  discarded to make room in full orders by conn 2's put (jobs 16 (orders), 17 (orders+audit))
+
+lifetime            ~  put to discard
+  ready             ~
+"""
+    assert history_of(18) == f"""\
+job 18 (tube sessions): put at seq 45 by conn 2; expired at seq 46 (deleted)
+
+seq  time                          step     held  state    event
+ 45  {T}                     ready    put by conn 2 into sessions: pri 30, delay 0s, ttr 3600s, expires +1.00s, body 9 B "session-1"
+ 46  {T}         ~           expired  expired in sessions: deleted
+
+lifetime            ~  put to expiry
+  ready             ~
+"""
+    assert history_of(20) == f"""\
+job 20 (tube reports, then dead): put at seq 49 by conn 2; ready at the end of the log
+
+seq  time                          step     held  state  event
+ 49  {T}                     ready  put by conn 2 into reports: pri 40, delay 0s, ttr 3600s, expires +1.00s, body 8 B "report-1"
+ 50  {T}         ~           ready  expired in reports: moved to dead, expires never
+     {T}         ~           ready  end of the log (seq 63): still ready
+
+lifetime            ~  put to end of the log, still alive
+  ready             ~
+"""
+    code, out, _err = run(tools.main_job_history, V2, 20, "--format", "jsonl")
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [(s["seq"], s["event"], s["state"]) for s in lines[:-1]] == [
+        (49, "put", "ready"), (50, "move", "ready"), (None, "end", "ready")]
+    assert (lines[-1]["tube"], lines[-1]["moved_to"], lines[-1]["alive"]) == (
+        "reports", ["dead"], True)
+    # A job known only from a format-2 snapshot shows its expiry time.
+    compacted = V2.parent / "compacted"
+    code, out, _err = run_n(tools.main_job_history, compacted, compacted, 15, "--utc")
+    assert code == 0 and "into orders+archive, pri 20, delay 0s, ttr 3600s, expires +59m" in out
+
+
+def test_aof_dump_big_tube_records() -> None:
+    code, out, err = run_n(tools.main_aof, V2, "dump", V2, "--utc", "--from-seq", 40,
+                           "--to-seq", 50, "--op", "put-jobs,expire,delete-tube")
+    assert (code, err) == (0, "")
+    assert out == f"""\
+  seq  time                      op             conn    job  details
+   40  {T}  put-jobs          2         jobs 10 orders, 11 orders+audit, 12 orders+archive  pri 20  delay 0s  ttr 3600s  expires never  body 7 B "order-1"
+   41  {T}  put-jobs          2         jobs 13 orders, 14 orders+audit, 15 orders+archive  pri 20  delay 0s  ttr 3600s  expires +1h00m  dropped 10  body 7 B "order-2"
+   42  {T}  delete-tube       2         tube orders+archive  (no more fanout copies)
+   43  {T}  put-jobs          2         jobs 16 orders, 17 orders+audit  pri 20  delay 0s  ttr 3600s  expires never  dropped 13  body 7 B "order-3"
+   45  {T}  put-jobs          2     18  jobs 18 sessions  pri 30  delay 0s  ttr 3600s  expires +1.00s  body 9 B "session-1"
+   46  {T}  expire                  18  18 deleted
+   49  {T}  put-jobs          2     20  jobs 20 reports  pri 40  delay 0s  ttr 3600s  expires +1.00s  body 8 B "report-1"
+   50  {T}  expire                  20  20 moved to dead, expires never
+"""
+    # --job: the put-jobs that made a job or dropped it, the expire that moved it
+    assert dumped_seqs(V2, "--job", 13) == [41, 43]
+    assert dumped_seqs(V2, "--job", 20) == [49, 50]
+    # --tube: a moved job's records follow it; a dropped job's drop counts for its tube
+    assert dumped_seqs(V2, "--tube", "dead") == [50]
+    assert dumped_seqs(V2, "--tube", "orders+archive") == [38, 40, 41, 42]
+    assert dumped_seqs(V2, "--tube", "orders", "--op", "put-jobs") == [40, 41, 43]
+    code, out, _err = run(tools.main_aof, "dump", V2, "--format", "jsonl", "--from-seq", 41,
+                          "--to-seq", 41)
+    (rec,) = [json.loads(line) for line in out.splitlines()]
+    assert (rec["op"], rec["jobs"], rec["dropped"], rec["body"]) == (
+        "put-jobs", [[13, "orders"], [14, "orders+audit"], [15, "orders+archive"]], [10],
+        base64_of(b"order-2"))
+    assert rec["expires"] == rec["time"] + 3600 * 10**9
+
+
+def test_replay_shows_expired_discarded_and_fanout() -> None:
+    code, out, err = run_n(tools.main_replay, V2, V2, "--until-seq", 50, "--utc",
+                           "--tube", "orders", "--tube", "sessions", "--tube", "reports",
+                           "--tube", "dead")
+    assert (code, err) == (0, "")
+    assert out.split("\n", 3)[3] == """\
+tube      ready  delayed  reserved  buried  total  expired  discarded   paused
+orders        1        0         0       0      1        0          2        -
+sessions      1        0         0       0      1        1          0        -
+reports       0        0         0       0      0        1          0        -
+dead          1        0         0       0      1        0          0        -
+
+fanout: puts into orders are copied into orders+audit
+"""
+    code, out, _err = run(tools.main_replay, V2, "--until-seq", 50, "--format", "jsonl",
+                          "--jobs", "--tube", "orders+audit")
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [(x["kind"], x.get("id")) for x in lines[1:]] == [
+        ("tube", None), ("job", 11), ("job", 14), ("job", 17)]
+    times = times_of(V2)
+    assert [x["expires"] for x in lines[2:]] == [None, times[41] + 3600 * 10**9, None]
+    code, out, _err = run(tools.main_replay, V2, "--until-seq", 50, "--format", "jsonl")
+    assert [json.loads(x) for x in out.splitlines() if '"fanout"' in x] == [
+        {"kind": "fanout", "parent": "orders", "tubes": ["orders+audit"]}]
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_aof_verify_reads_snapshots_of_every_format(version: str) -> None:
+    """A format-1 snapshot is compared with the replayed state in today's layout."""
+    data = REPO / "snapshots" / version / "snapshot-and-segments"
+    code, out, _err = run(tools.main_aof, "verify", data)
+    assert code == 0, out
+    assert "agrees with snapshot" in out and out.endswith("verdict: OK (no damage)\n")
