@@ -668,13 +668,13 @@ class State:
             heapq.heappop(heap)
         return None
 
-    def _heap_top(self, heap: list, state: int) -> Job | None:
+    def _heap_top(self, heap: list, *states: int) -> Job | None:
         """The job at the top of a (key, id, gen) heap, dropping stale entries."""
         jobs = self.jobs
         while heap:
             _, jid, gen = heap[0]
             j = jobs.get(jid)
-            if j is not None and j.gen == gen and j.state == state:
+            if j is not None and j.gen == gen and j.state in states:
                 return j
             heapq.heappop(heap)
         return None
@@ -754,39 +754,28 @@ class State:
         ]
         return [jid for _, jid in heapq.nsmallest(bound, live)]
 
-    def due_promotions(self, now: int) -> list[int]:
+    def _pop_due(self, heap: list, until: int, states: tuple[int, ...]) -> list[int]:
+        """Pop the entries of a (time, id, gen) heap up to `until` (inclusive); the
+        ids of those still live in one of `states`, soonest first."""
         out = []
-        heap = self.delay_heap
         jobs = self.jobs
-        while heap and heap[0][0] <= now:
+        while heap and heap[0][0] <= until:
             _, jid, gen = heapq.heappop(heap)
             j = jobs.get(jid)
-            if j is not None and j.gen == gen and j.state == DELAYED:
+            if j is not None and j.gen == gen and j.state in states:
                 out.append(jid)
         return out
 
+    def due_promotions(self, now: int) -> list[int]:
+        return self._pop_due(self.delay_heap, now, (DELAYED,))
+
     def due_timeouts(self, now: int) -> list[int]:
-        out = []
-        heap = self.ttr_heap
-        jobs = self.jobs
-        while heap and heap[0][0] < now:  # beanstalkd: deadline_at >= now keeps it
-            _, jid, gen = heapq.heappop(heap)
-            j = jobs.get(jid)
-            if j is not None and j.gen == gen and j.state == RESERVED:
-                out.append(jid)
-        return out
+        # beanstalkd: a deadline equal to now keeps the reservation.
+        return self._pop_due(self.ttr_heap, now - 1, (RESERVED,))
 
     def due_expiries(self, now: int) -> list[int]:
         """Ready or delayed jobs whose expiry time has come, soonest first."""
-        out = []
-        heap = self.expiry_heap
-        jobs = self.jobs
-        while heap and heap[0][0] <= now:
-            _, jid, gen = heapq.heappop(heap)
-            j = jobs.get(jid)
-            if j is not None and j.gen == gen and j.state in (READY, DELAYED):
-                out.append(jid)
-        return out
+        return self._pop_due(self.expiry_heap, now, (READY, DELAYED))
 
     def oldest_ready(self, tube: str, count: int, nbytes: int = 0) -> list[int]:
         """The oldest ready jobs of a tube, in arrival order, until `count` jobs
@@ -817,13 +806,8 @@ class State:
     def next_deadline(self, now: int) -> int | None:
         """The earliest time (ns) at which something changes without a command."""
         times = []
-        while self.expiry_heap:
-            expires, jid, gen = self.expiry_heap[0]
-            j = self.jobs.get(jid)
-            if j is not None and j.gen == gen and j.state in (READY, DELAYED):
-                times.append(expires)
-                break
-            heapq.heappop(self.expiry_heap)
+        if self.expiry_heap and self._heap_top(self.expiry_heap, READY, DELAYED) is not None:
+            times.append(self.expiry_heap[0][0])
         j = self._heap_top(self.delay_heap, DELAYED)
         if j is not None:
             times.append(j.deadline)
