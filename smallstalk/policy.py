@@ -89,32 +89,29 @@ _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 TUBE_NAME = re.compile(r"^[A-Za-z0-9+/;.$_()][A-Za-z0-9+/;.$_()-]{0,199}$")
 
 
-def parse_size(value: object, where: str) -> int:
-    """An int of bytes, or a string like "64MB" / "64MiB" / "512k" (powers of 1024)."""
+def _quantity(value: object, where: str, pattern: re.Pattern, units: dict[str, int],
+              what: str, example: str) -> int:
+    """A non-negative int, or a string of digits and one of `units`' suffixes."""
     if isinstance(value, bool):
-        raise ConfigError(f"{where}: expected a size, got {value!r}")
+        raise ConfigError(f"{where}: expected {what}, got {value!r}")
     if isinstance(value, int):
         if value < 0:
             raise ConfigError(f"{where}: must not be negative")
         return value
-    m = _SIZE.match(value) if isinstance(value, str) else None
+    m = pattern.match(value) if isinstance(value, str) else None
     if not m:
-        raise ConfigError(f"{where}: expected a size like 65536 or \"64MB\", got {value!r}")
-    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+        raise ConfigError(f"{where}: expected {what} like {example}, got {value!r}")
+    return int(m.group(1)) * units[m.group(2).lower()]
+
+
+def parse_size(value: object, where: str) -> int:
+    """An int of bytes, or a string like "64MB" / "64MiB" / "512k" (powers of 1024)."""
+    return _quantity(value, where, _SIZE, _UNITS, "a size", '65536 or "64MB"')
 
 
 def parse_duration(value: object, where: str) -> int:
     """Seconds: an int, or a string like "90s", "15m", "2h", "7d"."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{where}: expected a duration, got {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ConfigError(f"{where}: must not be negative")
-        return value
-    m = _DURATION.match(value) if isinstance(value, str) else None
-    if not m:
-        raise ConfigError(f"{where}: expected seconds or a duration like \"15m\", got {value!r}")
-    return int(m.group(1)) * _SECONDS[m.group(2).lower()]
+    return _quantity(value, where, _DURATION, _SECONDS, "seconds or a duration", '"15m"')
 
 
 def _value(kind: str, value: object, where: str) -> object:
