@@ -74,10 +74,12 @@ STATES = ("ready", "delayed", "reserved", "buried")
 JOB_OPS = ("put", "reserve", "delete", "release", "bury", "touch", "snapshot")
 MULTI_OPS = ("kick", "promote", "timeout")
 IMPLICIT_OPS = ("disconnect", "restart")
+EXPIRY_OPS = ("expire", "move")  # an Expire record's job: deleted, or moved to `to_tube`
+ENDS = ("deleted", "expired", "discarded")  # states a job's life ends in
 COUNTED_OPS = (
     ("puts", "put"), ("reserves", "reserve"), ("deletes", "delete"), ("releases", "release"),
     ("buries", "bury"), ("kicks", "kick"), ("timeouts", "timeout"), ("touches", "touch"),
-    ("promotes", "promote"),
+    ("promotes", "promote"), ("discards", "discard"), ("moves_in", "move-in"),
 )
 # Metric name -> (attempt column, filter); percentiles in ms.
 LATENCIES = (("wait", "wait_ns", None), ("first_wait", "first_wait_ns", None),
@@ -117,12 +119,32 @@ def ns_timestamp(c: Column) -> Column:
 
 
 def job_events(records: DataFrame) -> DataFrame:
-    """One row per (job, record naming it); snapshot rows included."""
+    """One row per (job, record naming it); snapshot rows included.
+
+    A put-jobs is a "put" row per job it made (each fanout copy is a job of its
+    own) and a "discard" row per job it dropped; an expire is an "expire" row
+    (the job is deleted) or a "move" row (it goes on, ready, in `to_tube`) per job.
+    """
     cols = ["seq", "time", "op", "conn", "tube", "pri", "delay", "ttr", "body_size", "snap"]
     single = records.where(col("op").isin(*JOB_OPS)).select("server", "id", *cols)
     multi = (records.where(col("op").isin(*MULTI_OPS))
              .select("server", F.explode("ids").alias("id"), "seq", "time", "op", "conn"))
-    return single.unionByName(multi, allowMissingColumns=True)
+    put_jobs = records.where(col("op") == "put-jobs")
+    made = (put_jobs.select("server", F.explode("jobs").alias("j"), "seq", "time", "conn", "pri",
+                            "delay", "ttr", "body_size")
+            .select("server", col("j.id").alias("id"), "seq", "time", F.lit("put").alias("op"),
+                    "conn", col("j.tube").alias("tube"), "pri", "delay", "ttr", "body_size"))
+    dropped = put_jobs.select("server", F.explode("dropped").alias("id"), "seq", "time",
+                              F.lit("discard").alias("op"), "conn")
+    expired = (records.where(col("op") == "expire")
+               .select("server", F.explode("moves").alias("m"), "seq", "time")
+               .select("server", col("m.id").alias("id"), "seq", "time",
+                       F.when(col("m.to") == "", "expire").otherwise("move").alias("op"),
+                       F.when(col("m.to") != "", col("m.to")).alias("to_tube")))
+    out = single
+    for part in (multi, made, dropped, expired):
+        out = out.unionByName(part, allowMissingColumns=True)
+    return out
 
 
 def reservation_ends(records: DataFrame, events: DataFrame) -> DataFrame:
@@ -163,6 +185,9 @@ def _after_state() -> Column:
             .when(col("op") == "bury", "buried")
             .when(col("op").isin(*MULTI_OPS, *IMPLICIT_OPS), "ready")
             .when(col("op") == "delete", "deleted")
+            .when(col("op") == "move", "ready")
+            .when(col("op") == "expire", "expired")
+            .when(col("op") == "discard", "discarded")
             .when(col("op") == "snapshot", col("snap.state")))
 
 
@@ -208,8 +233,15 @@ def lifecycles(records: DataFrame) -> DataFrame:
     running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     seed = F.coalesce(F.max(F.when(is_snap, col("snap.reserves"))).over(running), F.lit(0))
     attempt_no = F.sum(F.when(col("op") == "reserve", 1).otherwise(0)).over(running) + seed
+    # The tube each event happens in: the put's (or the snapshot's), until an expiry
+    # moves the job on (the move itself happens in the tube it leaves).
+    tube_set = F.when(col("op").isin("put", "snapshot"), col("tube")).when(
+        col("op") == "move", col("to_tube"))
+    before = ordered.rowsBetween(Window.unboundedPreceding, -1)
+    at_tube = F.when(col("op") == "move", F.last(tube_set, ignorenulls=True).over(before)
+                     ).otherwise(F.last(tube_set, ignorenulls=True).over(running))
     e = e.withColumns({"prev": prev.over(ordered), "nxt": nxt.over(ordered),
-                       "attempt_no": attempt_no})
+                       "attempt_no": attempt_no, "at_tube": at_tube})
 
     def ends_early(state: Column, ie_seq: Column, next_seq: Column) -> Column:
         return ((state == "reserved") & ie_seq.isNotNull()
@@ -226,16 +258,18 @@ def lifecycles(records: DataFrame) -> DataFrame:
     })
     end = F.when(col("implicit"), F.struct(col("ie_seq").alias("seq"), col("ie_time").alias("time"),
                                            col("ie_op").alias("op"))).otherwise(col("nxt"))
-    event = F.struct("seq", "time", "op", "conn", "from_state", col("state").alias("to_state"))
+    event = F.struct("seq", "time", "op", "conn", "from_state", col("state").alias("to_state"),
+                     col("at_tube").alias("tube"), "to_tube")
     implicit_event = F.when(col("implicit"), F.struct(
         col("ie_seq").alias("seq"), col("ie_time").alias("time"), col("ie_op").alias("op"),
-        "conn", F.lit("reserved").alias("from_state"), F.lit("ready").alias("to_state")))
+        "conn", F.lit("reserved").alias("from_state"), F.lit("ready").alias("to_state"),
+        col("at_tube").alias("tube"), F.lit(None).cast("string").alias("to_tube")))
     attempt = F.when(col("op") == "reserve", F.struct(
         col("attempt_no").alias("n"), "seq", "time", "conn", "from_state",
         (col("time") - col("prev_since")).alias("wait_ns"),
         end["seq"].alias("end_seq"), end["time"].alias("end_ns"),
         F.coalesce(end["op"], F.lit("open")).alias("outcome"),
-        (end["time"] - col("time")).alias("run_ns")))
+        (end["time"] - col("time")).alias("run_ns"), col("at_tube").alias("tube")))
 
     def from_start(c: str) -> Column:
         return F.max(F.when(col("op").isin("put", "snapshot"), col(c)))
@@ -264,7 +298,10 @@ def lifecycles(records: DataFrame) -> DataFrame:
         seeded("kicks", "kick").alias("kicks"),
         F.sum(F.when(col("op") == "touch", 1).otherwise(0)).cast("long").alias("touches"),
         F.sum(col("implicit").cast("int")).cast("long").alias("implicit_releases"),
+        F.sum(F.when(col("op").isin(*EXPIRY_OPS), 1).otherwise(0)).cast("long").alias("expiries"),
         F.max(F.when(col("op") == "delete", col("time"))).alias("deleted_ns"),
+        F.max(F.when(col("op") == "expire", col("time"))).alias("expired_ns"),
+        F.max(F.when(col("op") == "discard", col("time"))).alias("discarded_ns"),
         F.min("time").alias("first_ns"),
         F.greatest(F.max("time"), F.max(F.when(col("implicit"), col("ie_time")))).alias("last_ns"),
         F.array_sort(F.concat(F.collect_list(event), F.collect_list(implicit_event)))
@@ -273,6 +310,8 @@ def lifecycles(records: DataFrame) -> DataFrame:
     )
     return (jobs
             .withColumn("state", F.element_at("events", -1)["to_state"])
+            .withColumn("last_tube", F.coalesce(F.element_at("events", -1)["to_tube"],
+                                                F.element_at("events", -1)["tube"]))
             .withColumn("first_wait_ns", col("first_reserve_ns") - col("put_ns"))
             .withColumn("latency_ns", col("deleted_ns") - col("put_ns"))
             .withColumn("put_at", ns_timestamp(col("put_ns")))
@@ -283,16 +322,17 @@ def lifecycles(records: DataFrame) -> DataFrame:
 JOB_COLUMNS = (
     "server", "id", "origin", "put_ns", "put_at", "pri", "delay", "ttr", "body_size",
     "first_reserve_ns", "first_wait_ns", "reserves", "releases", "buries", "timeouts", "kicks",
-    "touches", "implicit_releases", "state", "deleted_ns", "latency_ns", "first_ns", "last_ns",
-    "events", "attempts", "tube", "day",
+    "touches", "implicit_releases", "expiries", "state", "deleted_ns", "expired_ns",
+    "discarded_ns", "latency_ns", "last_tube", "first_ns", "last_ns", "events", "attempts",
+    "tube", "day",
 )
 
 
 def attempts_of(jobs: DataFrame) -> DataFrame:
-    """One row per reservation attempt."""
-    a = jobs.select("server", "id", "tube", "origin", "put_ns",
+    """One row per reservation attempt, in the tube it was reserved from."""
+    a = jobs.select("server", "id", "origin", "put_ns",
                     F.explode("attempts").alias("a")).select(
-        "server", "id", "tube", "origin", "a.*", "put_ns")
+        "server", "id", "origin", "a.*", "put_ns")
     first_ok = (col("n") == 1) & col("put_ns").isNotNull()
     return (a.withColumnRenamed("time", "reserve_ns")
             .withColumn("first_wait_ns", F.when(first_ok, col("reserve_ns") - col("put_ns")))
@@ -322,12 +362,23 @@ def _latency_aggs(accuracy: int) -> list[Column]:
 
 def windowed(jobs: DataFrame, attempts: DataFrame, width_ns: int, accuracy: int,
              end_ns: int) -> DataFrame:
-    """Per (tube, window) metrics, dense up to `end_ns`, with the backlog at each window's end."""
-    ev = (jobs.where(col("tube").isNotNull())
-          .select("tube", F.explode("events").alias("e"))
-          .select("tube", floor_to(col("e.time"), width_ns).alias("window_ns"),
-                  col("e.op").alias("op"), col("e.from_state").alias("frm"),
-                  col("e.to_state").alias("to")))
+    """Per (tube, window) metrics, dense up to `end_ns`, with the backlog at each window's end.
+
+    Each event counts in the tube it happened in; a job an expiry moves leaves
+    its tube there (an expiry) and enters the dead-letter tube ("move-in").
+    """
+    e = jobs.select(F.explode("events").alias("e"))
+    window = floor_to(col("e.time"), width_ns).alias("window_ns")
+    is_move = col("e.op") == "move"
+    ev = (e.where(col("e.tube").isNotNull())
+          .select(col("e.tube").alias("tube"), window, col("e.op").alias("op"),
+                  col("e.from_state").alias("frm"),
+                  F.when(~is_move, col("e.to_state")).alias("to"))
+          .unionByName(e.where(is_move & col("e.to_tube").isNotNull())
+                       .select(col("e.to_tube").alias("tube"), window,
+                               F.lit("move-in").alias("op"),
+                               F.lit(None).cast("string").alias("frm"),
+                               col("e.to_state").alias("to"))))
 
     def moved(s: str) -> Column:
         # +1 for the state an event enters, -1 for the one it leaves (a touch: both)
@@ -338,6 +389,7 @@ def windowed(jobs: DataFrame, attempts: DataFrame, width_ns: int, accuracy: int,
           for name, op in COUNTED_OPS],
         F.sum(F.when(col("op").isin(*IMPLICIT_OPS), 1).otherwise(0)).cast("long")
         .alias("implicit_releases"),
+        F.sum(F.when(col("op").isin(*EXPIRY_OPS), 1).otherwise(0)).cast("long").alias("expiries"),
         *[F.sum(moved(s)).cast("long").alias(f"d_{s}") for s in STATES])
     att = (attempts.where(col("tube").isNotNull())
            .withColumn("window_ns", floor_to(col("reserve_ns"), width_ns))
@@ -354,7 +406,7 @@ def windowed(jobs: DataFrame, attempts: DataFrame, width_ns: int, accuracy: int,
               .withColumn("w", F.explode(F.sequence("window_ns", F.greatest("upto", "window_ns"),
                                                     F.lit(width_ns)))))
     own = col("w") == col("window_ns")
-    metrics = [n for n, _ in COUNTED_OPS] + ["implicit_releases", "re_reserves"]
+    metrics = [n for n, _ in COUNTED_OPS] + ["implicit_releases", "expiries", "re_reserves"]
     latency = [f"{n}_p{q}_ms" for n, _c, _o in LATENCIES for q in (50, 95, 99)]
     out = filled.select(
         "tube", col("w").alias("window_ns"),
@@ -376,31 +428,40 @@ def windowed(jobs: DataFrame, attempts: DataFrame, width_ns: int, accuracy: int,
 
 def tube_summary(jobs: DataFrame, attempts: DataFrame, minutes: DataFrame,
                  accuracy: int) -> DataFrame:
-    """One row per tube over the whole time range (tube null: the orphan jobs)."""
+    """One row per tube over the whole time range (tube null: the orphan jobs).
+
+    Job figures (jobs, states, counters, latency) count the jobs put into the
+    tube; attempt figures (attempts, wait and run percentiles) the reserves made
+    from it; the backlog is the tube's own. They differ only for jobs an expiry
+    moved to a dead-letter tube, which has a row even if nothing was put into it.
+    """
     j = jobs.groupBy("tube").agg(
         F.countDistinct("server").alias("servers"),
         F.count("*").alias("jobs"),
         F.sum(F.when(col("origin") == "put", 1).otherwise(0)).cast("long").alias("puts"),
         F.sum(F.when(col("origin") == "snapshot", 1).otherwise(0)).cast("long")
         .alias("from_snapshot"),
-        F.sum(F.when(col("state") == "deleted", 1).otherwise(0)).cast("long").alias("deleted"),
-        F.sum(F.when(col("state") != "deleted", 1).otherwise(0)).cast("long").alias("open"),
+        *[F.sum(F.when(col("state") == s, 1).otherwise(0)).cast("long").alias(s) for s in ENDS],
+        F.sum(F.when(~col("state").isin(*ENDS), 1).otherwise(0)).cast("long").alias("open"),
         *[F.sum(F.when(col("state") == s, 1).otherwise(0)).cast("long").alias(f"open_{s}")
           for s in STATES],
         *[F.sum(c).cast("long").alias(c) for c in (
             "reserves", "releases", "buries", "timeouts", "kicks", "touches",
-            "implicit_releases")],
+            "implicit_releases", "expiries")],
         F.sum(F.when(col("reserves") > 1, 1).otherwise(0)).cast("long")
         .alias("reserved_more_than_once"),
         F.min("first_ns").alias("first_ns"), F.max("last_ns").alias("last_ns"),
         *_percentiles("latency", col("latency_ns"), accuracy))
-    a = attempts.groupBy("tube").agg(
+    a = attempts.where(col("tube").isNotNull()).groupBy("tube").agg(
         F.count("*").alias("attempts"), *_latency_aggs(accuracy))
     m = minutes.groupBy("tube").agg(
         F.max("backlog").alias("max_backlog"), F.max("ready").alias("max_ready"),
         F.max_by("window", "ready").alias("max_ready_at"),
         F.max("puts").alias("peak_puts_per_minute"))
-    out = j.join(a, "tube", "left").join(m, "tube", "left")
+    counts = [f.name for f in j.schema.fields if f.name not in ("tube", "first_ns", "last_ns")
+              and not f.name.startswith("latency_")]
+    out = (j.join(a, "tube", "full").join(m, "tube", "full")
+           .fillna(0, subset=[*counts, "attempts"]))
     rates = {f"{n}_rate": F.when(col("reserves") > 0, col(n) / col("reserves"))
              for n in ("releases", "buries", "timeouts")}
     return out.withColumns(rates)

@@ -74,7 +74,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) 
 
 
 TUBE_HEADERS = ("tube", "jobs", "done", "open", "reserves", "res>1", "timeouts", "releases",
-                "buries", "wait p50", "p95", "p99", "run p50", "p95", "p99", "peak ready")
+                "buries", "expired", "discarded", "wait p50", "p95", "p99", "run p50", "p95",
+                "p99", "peak ready")
 
 
 def tube_rows(tubes: Sequence[Row]) -> list[list[str]]:
@@ -83,8 +84,8 @@ def tube_rows(tubes: Sequence[Row]) -> list[list[str]]:
         rows.append([
             str(t["tube"]), count(t["jobs"]), count(t["deleted"]), count(t["open"]),
             count(t["reserves"]), count(t["reserved_more_than_once"]), count(t["timeouts"]),
-            count(t["releases"]), count(t["buries"]),
-            duration(t.get("wait_p50_ms")), duration(t.get("wait_p95_ms")),
+            count(t["releases"]), count(t["buries"]), count(t.get("expired")),
+            count(t.get("discarded")), duration(t.get("wait_p50_ms")), duration(t.get("wait_p95_ms")),
             duration(t.get("wait_p99_ms")),
             duration(t.get("run_p50_ms")), duration(t.get("run_p95_ms")),
             duration(t.get("run_p99_ms")), count(t.get("max_ready")),
@@ -362,6 +363,7 @@ def html_report(result: Row, series: dict[str, list[Row]], width: str,
         parts.append(f"<h2>Tube {html.escape(name)}</h2><div class='facts'>")
         facts = [("jobs", count(t["jobs"])), ("done", count(t["deleted"])),
                  ("still open", count(t["open"])), ("timeouts", count(t["timeouts"])),
+                 ("expired", count(t.get("expired"))), ("discarded", count(t.get("discarded"))),
                  ("timeout rate", pct(t.get("timeouts_rate"))),
                  ("release rate", pct(t.get("releases_rate"))),
                  ("bury rate", pct(t.get("buries_rate"))),

@@ -62,6 +62,9 @@ SNAP_FIELDS = (
     ("releases", pa.int64()), ("buries", pa.int64()), ("kicks", pa.int64()),
 )
 SNAP_TYPE = pa.struct([pa.field(n, t) for n, t in SNAP_FIELDS])
+JOBS_TYPE = pa.list_(pa.struct([pa.field("id", pa.int64()), pa.field("tube", pa.string())]))
+MOVES_TYPE = pa.list_(pa.struct([pa.field("id", pa.int64()), pa.field("to", pa.string()),
+                                 pa.field("expires", pa.int64())]))
 
 # The declared schema: name, Arrow type, Spark DDL type, meaning.
 COLUMNS: tuple[tuple[str, pa.DataType, str, str], ...] = (
@@ -69,15 +72,27 @@ COLUMNS: tuple[tuple[str, pa.DataType, str, str], ...] = (
     ("seq", pa.int64(), "BIGINT", "record sequence number (snapshot rows: the snapshot's seq)"),
     ("time", pa.int64(), "BIGINT", "wall-clock time of the record, ns since the epoch"),
     ("op", pa.string(), "STRING", "put, reserve, delete, release, bury, touch, kick, use, watch, "
-                                  "ignore, pause-tube, disconnect, promote, timeout, restart; snapshot"),
-    ("conn", pa.int64(), "BIGINT", "connection id (null for promote/timeout/restart)"),
+                                  "ignore, pause-tube, disconnect, promote, timeout, restart, "
+                                  "new-epoch, put-jobs, expire, delete-tube; snapshot"),
+    ("conn", pa.int64(), "BIGINT", "connection id (null for promote/timeout/restart/expire)"),
     ("id", pa.int64(), "BIGINT", "job id (put, reserve, delete, release, bury, touch, snapshot)"),
     ("ids", pa.list_(pa.int64()), "ARRAY<BIGINT>", "job ids (kick, promote, timeout)"),
-    ("tube", pa.string(), "STRING", "tube (put, use, watch, ignore, pause-tube, snapshot)"),
-    ("pri", pa.int64(), "BIGINT", "priority (put, release, bury, snapshot)"),
-    ("delay", pa.int64(), "BIGINT", "delay in seconds (put, release, pause-tube, snapshot)"),
-    ("ttr", pa.int64(), "BIGINT", "time to run in seconds (put, snapshot)"),
-    ("body_size", pa.int64(), "BIGINT", "body length in bytes (put, snapshot)"),
+    ("jobs", JOBS_TYPE, "ARRAY<STRUCT<id: BIGINT, tube: STRING>>",
+     "the jobs a put-jobs made: the tube put into, then its fanout copies"),
+    ("dropped", pa.list_(pa.int64()), "ARRAY<BIGINT>",
+     "ready jobs a put-jobs discarded to make room in a full tube"),
+    ("moves", MOVES_TYPE, "ARRAY<STRUCT<id: BIGINT, to: STRING, expires: BIGINT>>",
+     "expire: each job that expired, deleted (to = '') or moved to tube `to`, with its new "
+     "expiry time (ns, 0 = never)"),
+    ("tube", pa.string(), "STRING", "tube (put, use, watch, ignore, pause-tube, delete-tube, "
+                                    "snapshot)"),
+    ("pri", pa.int64(), "BIGINT", "priority (put, put-jobs, release, bury, snapshot)"),
+    ("delay", pa.int64(), "BIGINT", "delay in seconds (put, put-jobs, release, pause-tube, "
+                                    "snapshot)"),
+    ("ttr", pa.int64(), "BIGINT", "time to run in seconds (put, put-jobs, snapshot)"),
+    ("expires", pa.int64(), "BIGINT", "expiry time, ns since the epoch, 0 = never (put-jobs, "
+                                      "snapshot of format 2)"),
+    ("body_size", pa.int64(), "BIGINT", "body length in bytes (put, put-jobs, snapshot)"),
     ("body", pa.binary(), "BINARY", "the body (only with option bodies=true)"),
     ("segment", pa.int64(), "BIGINT", "first seq of the segment file (snapshot rows: its seq)"),
     ("offset", pa.int64(), "BIGINT", "byte offset of the record's frame in its file "
@@ -291,12 +306,13 @@ class Batcher:
 
     def add_snapshot_job(self, item: list, seq: int, time: int, offset: int) -> bool:
         (_, jid, tube, pri, delay, ttr, body, st, created, deadline, reserver,
-         reserves, timeouts, releases, buries, kicks) = item
+         reserves, timeouts, releases, buries, kicks, *rest) = item  # format 2: + expires
         n = self.n
         c = self.cols
         state = JOB_STATES[st]
         for name, v in (("seq", seq), ("time", time), ("op", "snapshot"), ("id", jid),
                         ("tube", tube), ("pri", pri), ("delay", delay), ("ttr", ttr),
+                        ("expires", rest[0] if rest else 0),
                         ("body_size", len(body)), ("segment", seq), ("offset", offset),
                         ("conn", reserver if state == "reserved" else None)):
             c[COLUMN_INDEX[name]][n] = v
