@@ -7,7 +7,11 @@ same on a laptop in local mode and on a cluster, and only small aggregates
 
 **Job events.** Records that name jobs (put, reserve, delete, release, bury,
 touch; kick, promote and timeout exploded to one row per id) and snapshot job
-rows, keyed by (server, id): job ids are unique only within one server.
+rows, keyed by (server, id): job ids are unique only within one server. A
+put-jobs (format 2) is a "put" per job it made (a fanout copy is a job of its
+own) and a "discard" per job it dropped from a full tube; an expire is an
+"expire" per job it deleted and a "move" per job it moved to a dead-letter
+tube, where the job's life goes on.
 
 **Origin.** A job whose put is in the log is followed from its put, and the
 snapshot row is not needed ("put"). A job without its put but in the
@@ -28,11 +32,13 @@ a reservation), the job got an implicit event there: op "disconnect" or
 
 **States.** Each event's state after it follows from the op alone (put and
 release: delayed if delay > 0 else ready; reserve, touch: reserved; bury:
-buried; kick, promote, timeout, disconnect, restart: ready; delete: deleted),
-so after one sort by (server, id, seq) two window passes do the rest: one
-over the whole job (where its story starts, what to drop), one ordered (the
-state before each event, when the job entered it, what ended each
-reservation, the implicit events), then one aggregation per job.
+buried; kick, promote, timeout, disconnect, restart, move: ready; delete:
+deleted; expire: expired; discard: discarded), so after one sort by (server,
+id, seq) two window passes do the rest: one over the whole job (where its
+story starts, what to drop), one ordered (the state before each event, when
+the job entered it, what ended each reservation, the implicit events, the
+tube each event happens in: the put's until a move), then one aggregation
+per job.
 
 **Attempts** (one per reserve): `wait_ns` = reserve time - time the job
 entered the state it was reserved from (normally ready: put, release, promote,
@@ -43,10 +49,13 @@ reserve time. Run-time percentiles use attempts ending in delete.
 
 **Windows** (minute, hour; UTC): per tube, throughput in (puts) and out
 (deletes), reserves, re-reserves (attempts after the first: duplicate work),
-releases, buries, kicks, timeouts, touches, implicit releases; wait,
+releases, buries, kicks, timeouts, touches, implicit releases, expiries
+(deleted or moved out), discards, moves in (from an expiry elsewhere); wait,
 first-wait and run-time percentiles of the attempts that started in the
-window; and the backlog at the end of the window: jobs alive (put, not yet
-deleted) and how many of them are ready, delayed, reserved, buried. Windows
+window; and the backlog at the end of the window: jobs alive in the tube (put
+or moved in, and not yet deleted, expired, discarded or moved out) and how
+many of them are ready, delayed, reserved, buried. Each event counts in the
+tube it happens in, each attempt in the tube it was reserved from. Windows
 are dense from a tube's first event to the end of the data (the last record
 of any server), so backlog series have no holes.
 
