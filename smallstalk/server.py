@@ -62,7 +62,11 @@ class _Connection:
         self.eof = False
         self.feed = None
         self.throttled = False  # the reader waits for the backlog to shrink
-        self.changed = trio.Event()  # something the flusher or a waiting reader cares about
+        self.sending = False  # the flusher is in send_all: later replies queue behind it
+        # One event per task, each replaced only by its own waiter: a shared one
+        # could be replaced under the other task, which then slept forever.
+        self.changed = trio.Event()  # something the flusher cares about
+        self.room = trio.Event()  # the backlog shrank (a throttled reader)
         self.session = lp.open_session(self.deliver)
 
     # --- called by the loop (synchronously, at the end of a turn) -----------------
@@ -74,16 +78,18 @@ class _Connection:
             return
         self.done = done
         if blob and not self.broken:
-            if self.unsent or self.fd < 0:
-                self.unsent += blob
+            if self.unsent or self.sending or self.fd < 0:
+                self.unsent += blob  # never in the middle of what the flusher sends
             else:
                 self._write_now(blob)
         if close:
             self.closing = True
         # Wake the flusher or a throttled reader only when they have work:
         # a wake-up per reply would cost as much as the reply itself.
-        if self.unsent or close or self.throttled or (done and self.eof):
+        if self.unsent or close or (done and self.eof):
             self.changed.set()
+        if self.throttled:
+            self.room.set()
 
     def _write_now(self, blob: bytes) -> None:
         try:
@@ -102,13 +108,17 @@ class _Connection:
         await self.changed.wait()
         self.changed = trio.Event()
 
+    async def _wait_room(self) -> None:
+        await self.room.wait()
+        self.room = trio.Event()
+
     async def reader(self) -> None:
         lp, session = self.lp, self.session
         fd = self.fd
         while True:
             while session.inflight + len(self.unsent) > MAX_QUEUED_BYTES and not self.broken:
                 self.throttled = True
-                await self._wait_changed()
+                await self._wait_room()
             self.throttled = False
             if fd >= 0:
                 # Wait, then read once: trio's receive_some reads first and, in
@@ -146,7 +156,13 @@ class _Connection:
             if self.unsent:
                 data = bytes(self.unsent)
                 self.unsent.clear()
-                await self.stream.send_all(data)
+                self.sending = True
+                try:
+                    await self.stream.send_all(data)
+                finally:
+                    self.sending = False
+                if self.throttled:
+                    self.room.set()
                 continue
             if self.closing or self.broken or (self.eof and self.done):
                 break
