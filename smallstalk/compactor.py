@@ -125,14 +125,18 @@ def retention(hours: float | None, max_bytes: int | None):
     return keep
 
 
+REMAP_CHUNK = 20_000  # index entries looked at per loop turn
+
+
 async def remap(lp, snap: Path, folded: list[Path]) -> int:
     """Move spilled bodies off the files a compaction folded, onto its snapshot.
 
     `folded`: the segments it folded; snapshots older than `snap` count too.
     Bodies there are readable through the store's open fds even once the
     files are deleted; this points their jobs at their copies in the new
-    snapshot (found in its body index), so those fds close. In two loop turns,
-    with the index read in a thread between them. Returns the jobs moved.
+    snapshot (found in its body index), so those fds close. The index is read
+    in a thread and applied REMAP_CHUNK entries per loop turn, so the loop
+    never stalls long and nothing per job is built. Returns the jobs moved.
     """
     idx = snapshot.index_path(snap)
     store = lp.bodies
@@ -141,43 +145,39 @@ async def remap(lp, snap: Path, folded: list[Path]) -> int:
             return 0
         snap_seq = int(snap.stem)
         old_snaps = [p for p in store_paths(store) if _is_older_snapshot(p, snap, snap_seq)]
-
-        def collect():
-            keys = store.keys_of([*folded, *old_snaps])
-            if not keys or lp.bodies is not store:
-                return None
-            wanted = {jid for jid, j in lp.state.jobs.items()
-                      if type(j.body) is int and j.body >> 72 in keys}
-            return keys, wanted
-
-        got = await lp.call(collect)
-        if not got or not got[1]:
+        keys = await lp.call(store.keys_of, [*folded, *old_snaps])
+        if not keys:
             return 0
-        keys, wanted = got
-        found = await trio.to_thread.run_sync(snapshot.read_index, idx, wanted)
+        entries = await trio.to_thread.run_sync(snapshot.index_entries, idx)
+        size = snapshot.BODY_INDEX_ENTRY.size
+        new_key: list[int] = []
 
-        def move() -> int:
+        def move(chunk) -> int:
             if lp.bodies is not store:
                 return 0  # the state was rebuilt meanwhile: its references are new
             jobs = lp.state.jobs
-            key = None
             moved = 0
-            for jid, (offset, length) in found.items():
+            for jid, offset, length in snapshot.BODY_INDEX_ENTRY.iter_unpack(chunk):
                 j = jobs.get(jid)
                 if j is None or type(j.body) is not int or j.body >> 72 not in keys \
                         or j.body & 0xFFFFFFFF != length:
                     continue
-                if key is None:
-                    key = store.key(snap)
+                if not new_key:
+                    new_key.append(store.key(snap))
                 old = j.body
                 # Same length, on disk either way: the state's byte counts stay.
-                j.body = store.ref(snap, offset, length, key)
+                j.body = store.ref(snap, offset, length, new_key[0])
                 store.drop(old)
                 moved += 1
             return moved
 
-        moved = await lp.call(move)
-        left = store.refs_to(keys)
+        moved = 0
+        step = REMAP_CHUNK * size
+        for start in range(0, len(entries), step):
+            if lp.bodies is not store or not store.refs_to(keys):
+                break
+            moved += await lp.call(move, entries[start:start + step])
+        left = store.refs_to(keys) if lp.bodies is store else 0
         if left:
             log.warning("%d spilled bodies still refer to folded files", left)
         return moved

@@ -107,18 +107,14 @@ def write_state(directory: Path, state: State, index: bool = False) -> Path:
     return write(directory, state.last_seq, resolve_items(state.dump(), state.bodies), index)
 
 
-def read_index(path: Path, wanted) -> dict[int, tuple[int, int]]:
-    """From a body index: {job id: (offset, length)} for the ids in `wanted`."""
+def index_entries(path: Path) -> memoryview:
+    """The entries of a body index (see `write`), checked header, as bytes:
+    unpack with `BODY_INDEX_ENTRY.iter_unpack`."""
     with open(path, "rb") as f:
         data = f.read()
     aof.read_header(path, data, BODY_INDEX_MAGIC)
-    out = {}
-    body = memoryview(data)[aof.HEADER_SIZE:]
-    body = body[:len(body) - len(body) % BODY_INDEX_ENTRY.size]
-    for jid, offset, length in BODY_INDEX_ENTRY.iter_unpack(body):
-        if jid in wanted:
-            out[jid] = (offset, length)
-    return out
+    entries = memoryview(data)[aof.HEADER_SIZE:]
+    return entries[:len(entries) - len(entries) % BODY_INDEX_ENTRY.size]
 
 
 def iter_frames(path: Path) -> Iterator[tuple[int, int, bytes]]:

@@ -174,10 +174,13 @@ def test_snapshot_under_a_budget_refers_to_bodies_and_the_index_finds_them(tmp_p
     assert loaded.spilled_bytes > 0
     assert list(resolve_items(loaded.dump(), store)) == items
     # The index: every job's body, where it is in the snapshot file.
-    index = snapshot.read_index(snapshot.index_path(snap), set(range(1, 61)))
+    entries = snapshot.index_entries(snapshot.index_path(snap))
     data = snap.read_bytes()
-    for jid, (offset, length) in index.items():
+    seen = set()
+    for jid, offset, length in snapshot.BODY_INDEX_ENTRY.iter_unpack(entries):
         assert data[offset:offset + length] == bodies[jid - 1]
+        seen.add(jid)
+    assert seen == set(range(1, 61))
     # A tube budget alone.
     store = BodyStore(0, lambda t: 3000 if t == "t" else 0)
     loaded = snapshot.load(snap, store)
@@ -307,8 +310,9 @@ async def test_a_body_that_cannot_be_read_is_an_internal_error(nursery, tmp_path
     assert await c.ask(b"reserve\r\n") == p.job_reply(b"RESERVED", 1, jobs[1])
 
 
-async def test_compaction_moves_references_to_the_new_snapshot(nursery, tmp_path,
-                                                               autojump_clock) -> None:
+async def test_compaction_moves_references_to_the_new_snapshot(nursery, tmp_path, autojump_clock,
+                                                               monkeypatch) -> None:
+    monkeypatch.setattr(compactor, "REMAP_CHUNK", 7)  # several loop turns
     lp = make_loop(tmp_path, 8000, segment_records=10)
     nursery.start_soon(lp.run)
     c = Client(lp)
