@@ -348,6 +348,10 @@ class _BadCounted(_Bad):
 _UINT = re.compile(rb" *([0-9]+)")
 _PUT = re.compile(rb"put +([0-9]+) +([0-9]+) +([0-9]+) +([0-9]+)")
 _MAX_AGE = re.compile(rb" +([0-9]+)")
+# The everyday put, whole line and CRLF, matched in the input buffer itself:
+# digits and single spaces hold no CR, so beanstalkd's line rules agree when
+# the line fits its window. Anything else takes the general path.
+_PUT_LINE = re.compile(rb"put ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1,10})\r\n")
 
 
 def _read_uint(line: bytes, pos: int, limit: int, to_end: bool) -> tuple[int, int]:
@@ -625,8 +629,21 @@ class Parser:
         buf = self._buf
         pos = 0
         n = len(buf)
+        put_line = _PUT_LINE.match
+        max_size = self.max_job_size
         while True:
             mode = self._mode
+            if mode == _LINE:
+                m = put_line(buf, pos)
+                if m is not None:
+                    stop = m.end()
+                    pri, delay, ttr, size = map(int, m.groups())
+                    if (stop - pos <= LINE_MAX and size <= max_size and pri <= U32_MAX
+                            and delay <= U32_MAX and ttr <= U32_MAX
+                            and n - stop >= size + 2 and buf[stop + size:stop + size + 2] == b"\r\n"):
+                        out.append(Put(pri, delay, ttr or 1, bytes(buf[stop:stop + size])))
+                        pos = stop + size + 2
+                        continue
             if mode == _LINE or mode == _DISCARD:
                 end = self._line_end(buf, pos, n)
                 if end is None:
