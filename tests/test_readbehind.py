@@ -541,3 +541,17 @@ async def test_replay_equals_live_with_compactions(nursery, tmp_path, autojump_c
             assert_replays(lp, tmp_path)
     assert lp.state.spilled_bytes
     assert_replays(lp, tmp_path)
+
+
+def test_body_index_is_documented() -> None:
+    """snapshots/README.md's body index section against the code."""
+    text = (Path(__file__).parent.parent / "snapshots" / "README.md").read_text()
+    section = text.split("## Body index (read-behind)", 1)[1].split("\n## ", 1)[0]
+    assert "`SSTKBDX\\0` (53 53 54 4B 42 44 58 00)" in section
+    assert snapshot.BODY_INDEX_MAGIC == bytes.fromhex("53 53 54 4B 42 44 58 00")
+    rows = [ln.split("|")[1:5] for ln in section.splitlines()
+            if ln.startswith("| ") and ln.split("|")[1].strip().isdigit()]
+    layout = [(int(o), int(n), t.strip()) for o, n, t, _ in rows]
+    assert layout == [(0, 8, "u64"), (8, 8, "u64"), (16, 4, "u32")]
+    assert snapshot.BODY_INDEX_ENTRY.format == "<QQI" and snapshot.BODY_INDEX_ENTRY.size == 20
+    assert f"{snapshot.BODY_INDEX_ENTRY.size}-byte entry" in section
