@@ -95,6 +95,9 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
         state = State()
         log.warning("no data directory: jobs are kept in memory only "
                     "(use -b DIR or --data-dir DIR to persist them)")
+        if cfg.max_memory:
+            log.warning("--max-memory needs a data directory to read bodies back from: "
+                        "every body stays in memory")
     lp = MutationLoop(state, journal, cfg.data_dir, max_job_size=cfg.max_job_size,
                       min_replica_acks=cfg.min_replica_acks,
                       replica_ack_timeout=cfg.replica_ack_timeout)

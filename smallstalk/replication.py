@@ -149,8 +149,12 @@ async def run_feed(stream: trio.abc.Stream, feed: Feed, committed) -> None:
     try:
         await stream.send_all(feed.line)
         if feed.snapshot_file is not None:
-            data = await trio.to_thread.run_sync(feed.snapshot_file.read)
-            await stream.send_all(data[aof.HEADER_SIZE:])  # its frames, `end` included
+            # Its frames, `end` included, a chunk at a time: a snapshot of big
+            # tubes may be far larger than the server's memory budget.
+            f = feed.snapshot_file
+            f.seek(aof.HEADER_SIZE)
+            while chunk := await trio.to_thread.run_sync(f.read, 1 << 20):
+                await stream.send_all(chunk)
         for f in feed.segment_files:
             data = await trio.to_thread.run_sync(f.read)
             out = bytearray()
