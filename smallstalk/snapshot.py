@@ -42,16 +42,23 @@ def index_path(snap: Path) -> Path:
     return snap.with_suffix(".bodies")
 
 
+def _int_len(v: int) -> int:
+    """Bytes of a CBOR integer in its shortest form (what cbor2 writes)."""
+    if v < 0:
+        v = -1 - v
+    return 1 if v < 24 else 2 if v < 256 else 3 if v < 65536 else 5 if v < 1 << 32 else 9
+
+
 def _tail_len(item: list) -> int:
     """Encoded length of a job item's fields after the body (index 6).
 
     The body is a byte string, so its bytes end exactly that many bytes before
     the end of the item's CBOR encoding.
     """
-    tail = item[7:]
-    n = len(tail)
-    head = 1 if n < 24 else 2 if n < 256 else 3
-    return len(cbor2.dumps(tail)) - head
+    n = 0
+    for x in item[7:]:
+        n += _int_len(x) if type(x) is int and -(1 << 64) <= x < 1 << 64 else len(cbor2.dumps(x))
+    return n
 
 
 def write(directory: Path, last_seq: int, items: Iterable[list], index: bool = False) -> Path:
