@@ -88,7 +88,6 @@ class BodyStore:
         self._by_path: dict[str, _File] = {}  # the current file at a path
         self._next_key = 1
         self.reads = 0  # bodies read back (stats: body-reads)
-        self.read_bytes = 0
         self.read_errors = 0
 
     def fresh(self) -> BodyStore:
@@ -187,10 +186,6 @@ class BodyStore:
             f.path = os.path.abspath(new)
             self._by_path[f.path] = f
 
-    def path_of(self, ref: int) -> str | None:
-        f = self.files.get(ref >> 72)
-        return f.path if f is not None else None
-
     def keys_of(self, paths) -> set[int]:
         """Keys of open files at these paths (deleted ones included)."""
         names = {os.path.abspath(p) for p in paths}
@@ -222,7 +217,6 @@ class BodyStore:
             raise BodyError(f"{f.path}: {length} bytes at offset {offset}: "
                             f"the file ends after {len(data)}")
         self.reads += 1
-        self.read_bytes += length
         end = offset + length
         if end > f.advised_hi - READAHEAD // 2 or end < f.advised_lo:
             self._advise(f, end, READAHEAD)
