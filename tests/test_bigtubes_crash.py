@@ -129,6 +129,8 @@ def test_crash_rounds_with_expiry_fanout_limits_and_read_behind(tmp_path: Path,
         srv = start(tmp_path, data, cfg)
         servers.append(srv)
         check(srv.port, acked)
+        with connect(srv.port) as c:  # recovery kept the backlog's bodies on disk
+            assert int(c.stats()["bytes-on-disk"]) > 0
     assert all(acked.values()), {k: len(v) for k, v in acked.items()}
     print(f"{ROUNDS} rounds, acknowledged puts: {({k.decode(): len(v) for k, v in acked.items()})}")
     # Eventually every expiring job is in the dead-letter tube (2 s max-age).
