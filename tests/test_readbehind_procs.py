@@ -131,9 +131,10 @@ def test_replica_under_a_budget_resyncs_and_follows(tmp_path: Path) -> None:
             for _ in range(100):
                 b = rnd.randbytes(rnd.randint(100, 8000))
                 bodies[c.call(put_cmd(b, ttr=600)).id] = b
-            last = c.call(b"stats\r\n").yaml()["last-seq"]
+            last = int(c.call(b"stats\r\n").yaml()["last-seq"])
+        # At least: closing `c` logs a Disconnect after `last`, which may arrive first.
         with Client(replica.port) as r:
-            wait_for(lambda: r.call(b"stats\r\n").yaml()["last-seq"] == last,
+            wait_for(lambda: int(r.call(b"stats\r\n").yaml()["last-seq"]) >= last,
                      what="the replica catching up")
             st = r.call(b"stats\r\n").yaml()
             assert int(st["bytes-in-memory"]) <= 256 << 10 < int(st["bytes-on-disk"])
