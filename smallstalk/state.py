@@ -76,10 +76,10 @@ class Job:
 
     __slots__ = (
         "id", "tube", "pri", "delay", "ttr", "body", "state", "created", "deadline",
-        "reserver", "gen", "counts", "expires",
+        "reserver", "gen", "counts",
     )
 
-    def __init__(self, id, tube, pri, delay, ttr, body, created, expires=0):
+    def __init__(self, id, tube, pri, delay, ttr, body, created):
         self.id = id
         self.tube = tube
         self.pri = pri
@@ -92,7 +92,6 @@ class Job:
         self.reserver = 0
         self.gen = 0
         self.counts = _ZERO_COUNTS
-        self.expires = expires  # ns; 0 = never
 
     reserves = _counter(0)
     timeouts = _counter(1)
@@ -136,8 +135,9 @@ class Tube:
         self.spilled_n = 0  # ...of which on disk (read-behind)
         self.expired_n = self.discarded_n = 0
         # Job ids in the order they arrived, cleaned lazily: the oldest ready
-        # jobs are the ones discard-old-when-full drops.
-        self.arrivals: deque[int] = deque()
+        # jobs are the ones discard-old-when-full drops. Kept only once asked
+        # for (`oldest_ready`): 10 bytes a job that most tubes never need.
+        self.arrivals: deque[int] | None = None
 
     def paused(self, now: int) -> bool:
         return self.unpause_at > now
@@ -187,6 +187,9 @@ class State:
         self.delay_heap: list = []  # (deadline, id, gen) over all tubes
         self.ttr_heap: list = []  # (deadline, id, gen) over all reserved jobs
         self.expiry_heap: list = []  # (expires, id, gen) over ready/delayed jobs that expire
+        # Expiry times (ns) of the jobs that have one. A dict, not a Job slot:
+        # a 14th slot moves every Job to the next allocation size (+16 bytes).
+        self.expires: dict[int, int] = {}
         self.fanout: dict[str, list[str]] = {}  # parent -> fanout tubes, oldest first
         self.body_bytes = 0  # bytes of all bodies
         self.spilled_bytes = 0  # ...of which on disk
@@ -285,8 +288,8 @@ class State:
         j.state = READY
         j.deadline = 0  # meaningful only while delayed or reserved
         heapq.heappush(t.ready, _ready_key(j))
-        if j.expires:
-            heapq.heappush(self.expiry_heap, (j.expires, j.id, j.gen))
+        if self.expires and j.id in self.expires:
+            heapq.heappush(self.expiry_heap, (self.expires[j.id], j.id, j.gen))
         t.ready_n += 1
         self.ready_n += 1
         if j.pri < URGENT_THRESHOLD:
@@ -300,8 +303,8 @@ class State:
         entry = (deadline, j.id, j.gen)
         heapq.heappush(t.delayed, entry)
         heapq.heappush(self.delay_heap, entry)
-        if j.expires:
-            heapq.heappush(self.expiry_heap, (j.expires, j.id, j.gen))
+        if self.expires and j.id in self.expires:
+            heapq.heappush(self.expiry_heap, (self.expires[j.id], j.id, j.gen))
         t.delayed_n += 1
         self.delayed_n += 1
 
@@ -341,7 +344,9 @@ class State:
         if jid in self.jobs or jid < self.next_job_id:
             raise StateError(f"job id {jid} reused")
         t = self._tube(tube)
-        j = Job(jid, t, rec.pri, rec.delay, max(rec.ttr, 1), body, rec.time, expires)
+        j = Job(jid, t, rec.pri, rec.delay, max(rec.ttr, 1), body, rec.time)
+        if expires:
+            self.expires[jid] = expires
         self.jobs[jid] = j
         self.next_job_id = jid + 1
         self._arrive(j, t)
@@ -358,7 +363,8 @@ class State:
         if isinstance(j.body, int):
             t.spilled_n += n
             self.spilled_bytes += n
-        t.arrivals.append(j.id)
+        if t.arrivals is not None:
+            t.arrivals.append(j.id)
 
     def _depart(self, j: Job) -> Tube:
         """Take a job (already out of its state's sets) out of its tube's counts."""
@@ -377,6 +383,8 @@ class State:
         self._leave(j)
         t = self._depart(j)
         del self.jobs[j.id]
+        if self.expires:
+            self.expires.pop(j.id, None)
         if isinstance(j.body, int) and self.bodies is not None:
             self.bodies.drop(j.body)
         return t
@@ -406,7 +414,10 @@ class State:
             self._leave(j)
             old = self._depart(j)
             old.expired_n += 1
-            j.expires = expires
+            if expires:
+                self.expires[jid] = expires
+            else:
+                self.expires.pop(jid, None)
             self._arrive(j, self._tube(to))
             self._enter_ready(j)
             self._maybe_drop(old)
@@ -632,7 +643,7 @@ class State:
                                 and j.state in (READY, DELAYED)]
             heapq.heapify(self.expiry_heap)
         for t in self.tubes.values():
-            if len(t.arrivals) > 2 * t.jobs_n + 1024:
+            if t.arrivals is not None and len(t.arrivals) > 2 * t.jobs_n + 1024:
                 t.arrivals = deque(i for i in t.arrivals
                                    if (j := jobs.get(i)) is not None and j.tube is t)
         self.delay_heap = live(self.delay_heap, DELAYED, self.delayed_n)
@@ -783,8 +794,10 @@ class State:
         t = self.tubes.get(tube)
         if t is None:
             return []
-        arrivals = t.arrivals
         jobs = self.jobs
+        if t.arrivals is None:  # first asked: from now on kept as jobs arrive
+            t.arrivals = deque(jid for jid, j in jobs.items() if j.tube is t)
+        arrivals = t.arrivals
         while arrivals and ((j := jobs.get(arrivals[0])) is None or j.tube is not t):
             arrivals.popleft()  # gone or moved away: stale
         out: list[int] = []
@@ -896,11 +909,10 @@ class State:
             for j in self.tubes[name].buried.values():
                 yield self._job_item(j)
 
-    @staticmethod
-    def _job_item(j: Job) -> list:
+    def _job_item(self, j: Job) -> list:
         return ["job", j.id, j.tube.name, j.pri, j.delay, j.ttr, j.body, j.state, j.created,
                 j.deadline, j.reserver, j.reserves, j.timeouts, j.releases, j.buries, j.kicks,
-                j.expires]
+                self.expires.get(j.id, 0)]
 
     @classmethod
     def load(cls, items) -> State:
@@ -915,30 +927,39 @@ class State:
         s.fanout.clear()
         jobs = s.jobs
         ready_keys: dict[Tube, list[int]] = {}
+        tubes = s.tubes
+        # The bulk of a big snapshot is job items: this loop is the restart time
+        # (see the README's start-up row), so it stays flat and call-free.
         for item in items:
             kind = item[0]
             if kind == "job":
                 (_, jid, tube, pri, delay, ttr, body, st, created, deadline, reserver,
                  reserves, timeouts, releases, buries, kicks, *rest) = item
-                t = s.tubes[tube]
-                j = Job(jid, t, pri, delay, ttr, body, created, rest[0] if rest else 0)
-                counts = (reserves, timeouts, releases, buries, kicks)
-                if any(counts):
-                    j.counts = counts
+                t = tubes[tube]
+                j = Job(jid, t, pri, delay, ttr, body, created)
+                if rest and rest[0]:
+                    s.expires[jid] = rest[0]
+                if reserves or timeouts or releases or buries or kicks:
+                    j.counts = (reserves, timeouts, releases, buries, kicks)
                 jobs[jid] = j
-                n = body_len(body)
                 t.jobs_n += 1
-                t.bytes_n += n
-                if isinstance(body, int):
+                if type(body) is bytes:
+                    t.bytes_n += len(body)
+                else:
+                    n = body_len(body)
+                    t.bytes_n += n
                     t.spilled_n += n
                 if st == READY:
-                    # The bulk of a big snapshot: collect keys, heapify once below.
-                    ready_keys.setdefault(t, []).append((pri << 96) | (jid << 32))
+                    # Collect keys, heapify once below.
+                    keys = ready_keys.get(t)
+                    if keys is None:
+                        keys = ready_keys[t] = []
+                    keys.append((pri << 96) | (jid << 32))
                     t.ready_n += 1
                     if pri < URGENT_THRESHOLD:
                         t.urgent_n += 1
-                    if j.expires:
-                        s.expiry_heap.append((j.expires, jid, 0))
+                    if rest and rest[0]:
+                        s.expiry_heap.append((rest[0], jid, 0))
                 elif st == DELAYED:
                     s._enter_delayed(j, deadline)
                 elif st == RESERVED:
@@ -981,9 +1002,6 @@ class State:
             s.ready_n += len(keys)
         s.urgent_n = sum(t.urgent_n for t in s.tubes.values())
         heapq.heapify(s.expiry_heap)
-        for jid in sorted(jobs):  # arrival order within a tube is not kept: id order
-            j = jobs[jid]
-            j.tube.arrivals.append(jid)
         s.body_bytes = sum(t.bytes_n for t in s.tubes.values())
         s.spilled_bytes = sum(t.spilled_n for t in s.tubes.values())
         return s
@@ -1015,6 +1033,7 @@ class State:
                                       if isinstance(j.body, int)), name
         assert self.body_bytes == sum(t.bytes_n for t in self.tubes.values())
         assert self.spilled_bytes == sum(t.spilled_n for t in self.tubes.values())
+        assert all(jid in self.jobs for jid in self.expires)
         for parent, children in self.fanout.items():
             assert children and all(fanout_parent(c) == parent for c in children)
         for c in self.conns.values():

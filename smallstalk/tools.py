@@ -1213,7 +1213,7 @@ def cmd_replay(args: argparse.Namespace, out: Out) -> int:
                                 "reserver": j.reserver or None, "reserves": j.reserves,
                                 "timeouts": j.timeouts, "releases": j.releases,
                                 "buries": j.buries, "kicks": j.kicks,
-                                "expires": j.expires or None, "body": j.body}))
+                                "expires": st.expires.get(j.id), "body": j.body}))
         return EXIT_OK
 
     at = (f"at {clock.fmt(rb.now)} (after seq {st.last_seq})" if until_time is not None
@@ -1248,7 +1248,8 @@ def cmd_replay(args: argparse.Namespace, out: Out) -> int:
         rows = []
         for j in _jobs(st, tubes, states):
             left = (fmt_dur(j.deadline - rb.now) if j.state in (DELAYED, RESERVED) else "-")
-            expires = fmt_dur(j.expires - rb.now) if j.expires else "-"
+            at = st.expires.get(j.id)
+            expires = fmt_dur(at - rb.now) if at else "-"
             rows.append([j.id, j.tube.name, STATES[j.state], j.pri, fmt_dur(rb.now - j.created),
                          j.delay, j.ttr, left, expires, j.reserver if j.state == RESERVED else "-",
                          j.reserves, j.timeouts, j.releases, j.buries, j.kicks, preview(j.body)])
