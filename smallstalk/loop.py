@@ -313,6 +313,10 @@ class MutationLoop:
             elif wait > 0:
                 with trio.move_on_after(wait):
                     item = await inbox.receive()
+            else:
+                # A deadline is due now: still let the connections run first
+                # (a turn may not await at all: small commits fsync inline).
+                await trio.lowlevel.checkpoint()
             batch = [] if item is None else [item]
             while True:
                 try:
