@@ -7,6 +7,7 @@ binary can be swapped into a service file or a client library's test set-up;
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -86,6 +87,9 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
         for w in rec.warnings:
             log.warning("%s", w)
         state = rec.state
+        # What recovery loaded lives long: keep the cyclic collector's full
+        # passes from walking it again and again (they stall the loop).
+        gc.freeze()
         log.info("recovered %d jobs (snapshot %s + %d records) in %.2fs",
                  len(state.jobs), rec.snapshot.name if rec.snapshot else "none",
                  rec.records_replayed, trio.current_time() - started)
