@@ -80,9 +80,8 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
         started = trio.current_time()
         # Read-behind: bodies past --max-memory (or a tube's max-memory) stay on disk.
         pol = cfg.policies
-        tube_budgets = pol.default.max_memory or any(t.max_memory for t in pol.tubes.values())
-        bodies = BodyStore(cfg.max_memory,
-                           (lambda tube: pol.of(tube).max_memory) if tube_budgets else None)
+        bodies = BodyStore(cfg.max_memory, (lambda tube: pol.of(tube).max_memory)
+                           if pol.has_memory_budgets() else None)
         rec = recover(cfg.data_dir, bodies=bodies)
         for w in rec.warnings:
             log.warning("%s", w)

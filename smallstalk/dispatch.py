@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from . import protocol as p
 from . import records as r
 from .config import VERSION as SMALLSTALK_VERSION
-from .policy import TubePolicy, fanout_parent, render
+from .policy import TubePolicy, render
 from .state import BURIED, DELAYED, NS, RESERVED, State, body_len
 
 if TYPE_CHECKING:
@@ -314,8 +314,7 @@ def promote(lp: MutationLoop, s: Session, cmd: p.PromoteReplica):
 
 def delete_tube(lp: MutationLoop, s: Session, cmd: p.DeleteTube):
     lp.count("cmd-delete-tube")
-    parent = fanout_parent(cmd.tube)
-    if parent is None or cmd.tube not in lp.state.fanout.get(parent, ()):
+    if not lp.state.is_fanout_tube(cmd.tube):
         return p.NOT_FOUND
     lp.log(r.DeleteTube, s.id, cmd.tube)
     return p.DELETED

@@ -273,10 +273,8 @@ class MutationLoop:
         puts = self._turn_puts
         self._turn_puts = []
         store, st = self.bodies, self.state
-        pol = self.policies
         if not (store.max_memory and st.body_bytes - st.spilled_bytes > store.max_memory) \
-                and not pol.default.max_memory \
-                and not any(t.max_memory for t in pol.tubes.values()):
+                and not self.policies.has_memory_budgets():
             return  # under the server budget, and no tube has one
         keys: dict = {}
         for rec, path, offset in reversed(puts):

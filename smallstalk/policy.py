@@ -75,6 +75,10 @@ class Policies:
     def of(self, tube: str) -> TubePolicy:
         return self.tubes.get(tube, self.default)
 
+    def has_memory_budgets(self) -> bool:
+        """Does any tube have its own `max-memory` (read-behind per tube)?"""
+        return bool(self.default.max_memory) or any(t.max_memory for t in self.tubes.values())
+
     def dump(self, names: list[str]) -> list[tuple[str, TubePolicy]]:
         """(tube, effective policy) for `default`, every configured tube and `names`."""
         seen = [DEFAULT, *sorted(self.tubes)]
@@ -183,12 +187,6 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 def load_policies(path: Path) -> Policies:
     return policies_from(read_toml(path), str(path))
-
-
-def fanout_parent(tube: str) -> str | None:
-    """`orders` for `orders+audit`: the tube whose puts a fanout tube copies."""
-    parent, plus, child = tube.partition("+")
-    return parent if plus and parent and child else None
 
 
 def render(rows: list[tuple[str, TubePolicy]]) -> bytes:

@@ -36,7 +36,6 @@ from collections import deque
 from collections.abc import Iterator
 
 from . import records as r
-from .policy import fanout_parent
 from .protocol import URGENT_THRESHOLD
 
 READY, DELAYED, RESERVED, BURIED = range(4)
@@ -44,6 +43,12 @@ STATE_NAMES = (b"ready", b"delayed", b"reserved", b"buried")
 NS = 1_000_000_000
 SAFETY_MARGIN = NS  # the last second of a TTR (DEADLINE_SOON)
 DEFAULT_TUBE = "default"
+
+
+def fanout_parent(tube: str) -> str | None:
+    """`orders` for `orders+audit`: the tube whose puts a fanout tube copies."""
+    parent, plus, child = tube.partition("+")
+    return parent if plus and parent and child else None
 
 
 class StateError(Exception):
@@ -424,10 +429,10 @@ class State:
 
     def _delete_tube(self, rec: r.DeleteTube) -> None:
         self._conn(rec.conn)
-        parent = fanout_parent(rec.tube)
-        children = self.fanout.get(parent, [])
-        if rec.tube not in children:
+        if not self.is_fanout_tube(rec.tube):
             raise StateError(f"tube {rec.tube!r} is not a fanout tube")
+        parent = fanout_parent(rec.tube)
+        children = self.fanout[parent]
         children.remove(rec.tube)
         if not children:
             del self.fanout[parent]
@@ -813,8 +818,9 @@ class State:
             nbytes -= body_len(j.body)
         return out
 
-    def fanout_of(self, tube: str) -> list[str]:
-        return self.fanout.get(tube, [])
+    def is_fanout_tube(self, tube: str) -> bool:
+        """Is `tube` registered as a fanout tube (getting copies of its parent's puts)?"""
+        return tube in self.fanout.get(fanout_parent(tube), ())
 
     def next_deadline(self, now: int) -> int | None:
         """The earliest time (ns) at which something changes without a command."""
