@@ -181,6 +181,8 @@ class SegmentWriter:
         self.size = HEADER_SIZE  # bytes durable or written
         self.records = 0
         self.last_seq = first_seq - 1
+        # (size, records, last_seq) known to be on disk: a failed fsync cuts back to it.
+        self.durable = (self.size, 0, self.last_seq)
         self.pending = bytearray()
         self.pending_records = 0
         self.pending_last_seq = self.last_seq
@@ -255,23 +257,37 @@ def list_snapshots(snap_dir: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
-def iter_segment(path: Path, data: bytes | None = None) -> Iterator[tuple[int, records.Record] | FrameScan]:
-    """Decoded records of one segment with their offsets, then the FrameScan."""
+def iter_segment(path: Path, data: bytes | None = None, put_lists: bool = False,
+                 ) -> Iterator[tuple[int, records.Record | list] | FrameScan]:
+    """Decoded records of one segment with their offsets, then the FrameScan.
+
+    `put_lists`: a format-1 Put comes as its list (`records.is_put_list`)
+    instead of a Put record, for a bulk replay that applies it from there.
+    """
     if data is None:
         data = path.read_bytes()
     first = read_header(path, data, SEGMENT_MAGIC)
     last = first - 1
+    decode_list = records.decode_list
+    from_list = records.from_list
+    is_put_list = records.is_put_list
     for item in read_frames(data):
         if isinstance(item, FrameScan):
             yield item
             return
         offset, payload = item
         try:
-            rec = records.decode(payload)
+            items = decode_list(payload)
+            if put_lists and is_put_list(items):
+                rec = items
+                seq = items[1]
+            else:
+                rec = from_list(items)
+                seq = rec.seq
         except records.DecodeError as e:
             raise CorruptionError(path, offset, last, str(e)) from None
-        if last == first - 1 and rec.seq != first:
+        if last == first - 1 and seq != first:
             raise CorruptionError(path, offset, None,
-                                  f"header says first seq {first}, first record has {rec.seq}")
-        last = rec.seq
+                                  f"header says first seq {first}, first record has {seq}")
+        last = seq
         yield offset, rec

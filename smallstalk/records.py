@@ -328,14 +328,33 @@ def from_list(items: list) -> Record:
         raise DecodeError(f"not a record: {items!r:.200}") from e
 
 
-def decode(payload: bytes) -> Record:
+def decode_list(payload: bytes) -> list:
+    """A record's CBOR array, checked to be a non-empty array, not yet a record."""
     try:
         items = cbor2.loads(payload)
     except Exception as e:  # cbor2 raises several types for garbage
         raise DecodeError(f"bad CBOR: {e}") from e
     if not isinstance(items, list) or not items:
         raise DecodeError("record is not a non-empty array")
-    return from_list(items)
+    return items
+
+
+def decode(payload: bytes) -> Record:
+    return from_list(decode_list(payload))
+
+
+# A format-1 Put as `decode_list` gives it:
+# [1, seq, time, conn, id, tube, pri, delay, ttr, body].
+PUT_LIST_LEN = 1 + len(FIELDS[Put])
+
+
+def is_put_list(items: list) -> bool:
+    """Whether `from_list(items)` would be a Put (a bulk replay applies those
+    from the list: most of a log is puts, and building each record costs)."""
+    code = items[0]
+    # Only a plain int: other values equal to 1 take the generic path, which
+    # decides for them exactly as before.
+    return type(code) is int and code == Put.CODE and len(items) == PUT_LIST_LEN
 
 
 def as_dict(rec: Record) -> dict:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import attrs
 
-from . import aof, snapshot
+from . import aof, records, snapshot
 from .aof import CorruptionError
 from .bodies import PUTS, BodyStore, spill_record
 from .state import State, StateError
@@ -89,12 +89,35 @@ def _recover(data_dir: Path, repair: bool, until_seq: int | None,
                 path.unlink()
             continue
         used = False
-        for entry in aof.iter_segment(path, data):
-            if isinstance(entry, aof.FrameScan):
+        for entry in aof.iter_segment(path, data, put_lists=True):
+            if type(entry) is aof.FrameScan:
                 if not entry.clean:
                     _torn_or_corrupt(path, data, entry, state.last_seq, last_segment, repair, result)
                 break
             offset, rec = entry
+            if type(rec) is list:
+                # A format-1 Put, the bulk of a log (see records.is_put_list):
+                # apply_next's rules, applied from the fields.
+                _, seq, time, conn, jid, tube, pri, delay, ttr, body = rec
+                if until_seq is not None and seq > until_seq:
+                    return result
+                last = state.last_seq
+                if seq <= last:
+                    continue  # already in the snapshot
+                if seq != last + 1:
+                    raise CorruptionError(path, offset, last,
+                                          f"sequence gap: expected {last + 1}, found {seq}")
+                try:
+                    state.apply_put(seq, time, conn, jid, tube, pri, delay, ttr, body)
+                except StateError as e:
+                    raise CorruptionError(path, offset, state.last_seq,
+                                          f"record does not apply: {e}") from None
+                if spill:
+                    rec = records.from_list(rec)
+                    spill_record(bodies, state, rec, path, body_offset(data, offset, rec), keys)
+                result.records_replayed += 1
+                used = True
+                continue
             if until_seq is not None and rec.seq > until_seq:
                 return result
             if not apply_next(state, path, offset, rec):

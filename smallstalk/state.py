@@ -225,6 +225,62 @@ class State:
                 self.compact_heaps()
         self._apply[type(rec)](rec)
 
+    def apply_put(self, seq: int, time: int, conn: int, id: int, tube: str, pri: int,
+                  delay: int, ttr: int, body: bytes | int) -> None:
+        """`apply(Put(seq, time, conn, id, tube, pri, delay, ttr, body))`, with
+        the same effect and errors, without the record.
+
+        Replaying a log is mostly puts, and a restart's time is mostly this:
+        building each Put and the generic dispatch cost a third of a replay,
+        hence `_put` inlined here. `_put` stays the reference; tests hold the
+        two to the same result.
+        """
+        if seq:
+            if seq <= self.last_seq:
+                raise StateError(f"record seq {seq} is not after {self.last_seq}")
+            self.last_seq = seq
+            if time > self.time:
+                self.time = time
+            if not seq & 0xFFFF:
+                self.compact_heaps()
+        c = self.conns.get(conn)
+        if c is None or not c.logged or conn >= self.next_conn_id:
+            self._conn(conn)
+        jobs = self.jobs
+        if id in jobs or id < self.next_job_id:
+            raise StateError(f"job id {id} reused")
+        t = self.tubes.get(tube)
+        if t is None:
+            t = self._tube(tube)
+        j = Job(id, t, pri, delay, max(ttr, 1), body, time)
+        jobs[id] = j
+        self.next_job_id = id + 1
+        # _arrive
+        if isinstance(body, int):
+            n = body & _M32
+            t.spilled_n += n
+            self.spilled_bytes += n
+        else:
+            n = len(body)
+        t.jobs_n += 1
+        t.bytes_n += n
+        self.body_bytes += n
+        if t.arrivals is not None:
+            t.arrivals.append(id)
+        t.total_jobs += 1
+        self.total_jobs += 1
+        if delay:
+            self._enter_delayed(j, time + delay * NS)
+            return
+        # _enter_ready for a new job: state READY, deadline 0 and gen 0 are
+        # Job's defaults, and no expiry (a Put has none; the id is new).
+        heapq.heappush(t.ready, (pri << 96) | (id << 32))
+        t.ready_n += 1
+        self.ready_n += 1
+        if pri < URGENT_THRESHOLD:
+            t.urgent_n += 1
+            self.urgent_n += 1
+
     def _tube(self, name: str, register: bool = True) -> Tube:
         t = self.tubes.get(name)
         if t is None:
