@@ -94,29 +94,37 @@ def read_frames(data: bytes, start: int = HEADER_SIZE) -> Iterator[tuple[int, by
     """Yield (offset, payload) per good frame, then one FrameScan saying how it ended."""
     pos = start
     n = len(data)
+    head = FRAME.size
     unpack = FRAME.unpack_from
     crc32 = zlib.crc32
     while pos < n:
-        if n - pos < FRAME.size:
-            yield FrameScan(pos, n, "incomplete frame header")
-            return
-        length, crc = unpack(data, pos)
-        body_start = pos + FRAME.size
-        if length == 0:
-            # Every record encodes to at least one byte; zeros are a tail the
-            # file system allocated but the write never filled.
-            yield FrameScan(pos, n, "zero-length frame")
-            return
-        if length > MAX_FRAME or body_start + length > n:
-            yield FrameScan(pos, n, "frame runs past the end of the file")
-            return
-        payload = data[body_start:body_start + length]
-        if crc32(payload) != crc:
-            yield FrameScan(pos, n, "checksum mismatch")
-            return
-        yield pos, payload
-        pos = body_start + length
+        if n - pos >= head:
+            length, crc = unpack(data, pos)
+            end = pos + head + length
+            if 0 < length <= MAX_FRAME and end <= n:
+                payload = data[pos + head:end]
+                if crc32(payload) == crc:
+                    yield pos, payload
+                    pos = end
+                    continue
+        yield FrameScan(pos, n, frame_damage(data, pos))
+        return
     yield FrameScan(pos, n)
+
+
+def frame_damage(data: bytes, pos: int) -> str:
+    """Why the frame at `pos` does not check out (the caller found it does not)."""
+    n = len(data)
+    if n - pos < FRAME.size:
+        return "incomplete frame header"
+    length, crc = FRAME.unpack_from(data, pos)
+    if length == 0:
+        # Every record encodes to at least one byte; zeros are a tail the
+        # file system allocated but the write never filled.
+        return "zero-length frame"
+    if length > MAX_FRAME or pos + FRAME.size + length > n:
+        return "frame runs past the end of the file"
+    return "checksum mismatch"
 
 
 def later_good_frame(data: bytes, after: int, last_seq: int = -1) -> int | None:
@@ -270,24 +278,41 @@ def iter_segment(path: Path, data: bytes | None = None, put_lists: bool = False,
     last = first - 1
     decode_list = records.decode_list
     from_list = records.from_list
-    is_put_list = records.is_put_list
-    for item in read_frames(data):
-        if isinstance(item, FrameScan):
-            yield item
-            return
-        offset, payload = item
-        try:
-            items = decode_list(payload)
-            if put_lists and is_put_list(items):
-                rec = items
-                seq = items[1]
-            else:
-                rec = from_list(items)
-                seq = rec.seq
-        except records.DecodeError as e:
-            raise CorruptionError(path, offset, last, str(e)) from None
-        if last == first - 1 and seq != first:
-            raise CorruptionError(path, offset, None,
-                                  f"header says first seq {first}, first record has {seq}")
-        last = seq
-        yield offset, rec
+    put_code, put_len = records.Put.CODE, records.PUT_LIST_LEN
+    # read_frames' loop, inlined: a generator per level costs ~0.1 us a
+    # record, a tenth of a 1M-record replay.
+    pos = HEADER_SIZE
+    n = len(data)
+    head = FRAME.size
+    unpack = FRAME.unpack_from
+    crc32 = zlib.crc32
+    while pos < n:
+        if n - pos >= head:
+            length, crc = unpack(data, pos)
+            end = pos + head + length
+            if 0 < length <= MAX_FRAME and end <= n:
+                payload = data[pos + head:end]
+                if crc32(payload) == crc:
+                    try:
+                        items = decode_list(payload)
+                        code = items[0]
+                        # records.is_put_list, inlined
+                        if (put_lists and type(code) is int and code == put_code
+                                and len(items) == put_len):
+                            rec = items
+                            seq = items[1]
+                        else:
+                            rec = from_list(items)
+                            seq = rec.seq
+                    except records.DecodeError as e:
+                        raise CorruptionError(path, pos, last, str(e)) from None
+                    if last == first - 1 and seq != first:
+                        raise CorruptionError(
+                            path, pos, None, f"header says first seq {first}, first record has {seq}")
+                    last = seq
+                    yield pos, rec
+                    pos = end
+                    continue
+        yield FrameScan(pos, n, frame_damage(data, pos))
+        return
+    yield FrameScan(pos, n)

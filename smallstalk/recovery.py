@@ -88,47 +88,61 @@ def _recover(data_dir: Path, repair: bool, until_seq: int | None,
             if repair:
                 path.unlink()
             continue
-        used = False
-        for entry in aof.iter_segment(path, data, put_lists=True):
-            if type(entry) is aof.FrameScan:
-                if not entry.clean:
-                    _torn_or_corrupt(path, data, entry, state.last_seq, last_segment, repair, result)
-                break
-            offset, rec = entry
-            if type(rec) is list:
-                # A format-1 Put, the bulk of a log (see records.is_put_list):
-                # apply_next's rules, applied from the fields.
-                _, seq, time, conn, jid, tube, pri, delay, ttr, body = rec
-                if until_seq is not None and seq > until_seq:
-                    return result
-                last = state.last_seq
-                if seq <= last:
-                    continue  # already in the snapshot
-                if seq != last + 1:
-                    raise CorruptionError(path, offset, last,
-                                          f"sequence gap: expected {last + 1}, found {seq}")
-                try:
-                    state.apply_put(seq, time, conn, jid, tube, pri, delay, ttr, body)
-                except StateError as e:
-                    raise CorruptionError(path, offset, state.last_seq,
-                                          f"record does not apply: {e}") from None
-                if spill:
-                    rec = records.from_list(rec)
-                    spill_record(bodies, state, rec, path, body_offset(data, offset, rec), keys)
-                result.records_replayed += 1
-                used = True
-                continue
-            if until_seq is not None and rec.seq > until_seq:
-                return result
-            if not apply_next(state, path, offset, rec):
-                continue  # already in the snapshot
-            if spill and type(rec) in PUTS:
-                spill_record(bodies, state, rec, path, body_offset(data, offset, rec), keys)
-            result.records_replayed += 1
-            used = True
-        if used:
+        replayed, stopped = _replay(state, path, data, last_segment, repair, until_seq,
+                                    result, bodies if spill else None, keys)
+        result.records_replayed += replayed
+        if stopped:
+            return result
+        if replayed:
             result.segments.append(path)
     return result
+
+
+def _replay(state: State, path: Path, data: bytes, last_segment: bool, repair: bool,
+            until_seq: int | None, result: Recovered, spill: BodyStore | None,
+            keys: dict) -> tuple[int, bool]:
+    """Apply the records of one segment that follow the state: how many, and
+    whether it stopped at `until_seq`."""
+    FrameScan = aof.FrameScan
+    apply_put = state.apply_put
+    replayed = 0
+    for entry in aof.iter_segment(path, data, put_lists=True):
+        if type(entry) is FrameScan:
+            if not entry.clean:
+                _torn_or_corrupt(path, data, entry, state.last_seq, last_segment, repair,
+                                 result)
+            return replayed, False
+        offset, rec = entry
+        if type(rec) is list:
+            # A format-1 Put, the bulk of a log (see records.is_put_list):
+            # apply_next's rules, applied from the fields.
+            _, seq, time, conn, jid, tube, pri, delay, ttr, body = rec
+            if until_seq is not None and seq > until_seq:
+                return replayed, True
+            last = state.last_seq
+            if seq <= last:
+                continue  # already in the snapshot
+            if seq != last + 1:
+                raise CorruptionError(path, offset, last,
+                                      f"sequence gap: expected {last + 1}, found {seq}")
+            try:
+                apply_put(seq, time, conn, jid, tube, pri, delay, ttr, body)
+            except StateError as e:
+                raise CorruptionError(path, offset, state.last_seq,
+                                      f"record does not apply: {e}") from None
+            if spill is not None:
+                rec = records.from_list(rec)
+                spill_record(spill, state, rec, path, body_offset(data, offset, rec), keys)
+            replayed += 1
+            continue
+        if until_seq is not None and rec.seq > until_seq:
+            return replayed, True
+        if not apply_next(state, path, offset, rec):
+            continue  # already in the snapshot
+        if spill is not None and type(rec) in PUTS:
+            spill_record(spill, state, rec, path, body_offset(data, offset, rec), keys)
+        replayed += 1
+    return replayed, False
 
 
 def body_offset(data: bytes, offset: int, rec) -> int:
