@@ -14,6 +14,12 @@ After a commit the open segment is closed and a new one started once it holds
 `segment_records` records or `segment_bytes` bytes. Closed segments are what
 the compactor folds.
 
+The mutation loop under `always` splits a commit in two instead:
+`write_staged()` now, then `sync()` in its own thread for a small turn, or
+`sync_in_background()` (syncer.py) so the next turns run while the disk
+works; `sync_result()` says how far the file is durable (`committed_seq`,
+what replicas may be sent). `written_seq` is how far it is written.
+
 A failed write or fsync raises `JournalError`: the segment is cut back to the
 last committed size so no half-written batch stays in front of later records,
 and the caller must treat the staged records as never having happened.
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 from pathlib import Path
 
 import trio
@@ -37,15 +44,14 @@ from .aof import (
     list_segments,
     segment_name,
 )
+from .syncer import Syncer
 
 log = logging.getLogger("smallstalk.journal")
 
-# Under --fsync always, a commit of at most this many records writes and
-# fsyncs in the loop's own thread: handing one fsync to a worker thread costs
-# ~220 us of CPU and ~240 us of latency here (trio.to_thread's wake-ups),
-# more than what a small batch could parse meanwhile. Bigger batches go to
-# the thread, so the connections keep parsing the next batch while the disk
-# works.
+# Under --fsync always, at most this many unsynced records are fsynced in the
+# loop's own thread (by `commit`, and by the loop's two-step commit): a thread
+# hand-off costs more than a small batch could overlap. Bigger batches go to
+# a thread, so the next batch is parsed and applied while the disk works.
 INLINE_SYNC_RECORDS = 16
 
 
@@ -72,8 +78,13 @@ class Journal:
         self.segment_records = segment_records
         self.segment_bytes = segment_bytes
         self.next_seq = next_seq
-        self.committed_seq = next_seq - 1
+        self.committed_seq = next_seq - 1  # durable as the policy promises
+        self.written_seq = next_seq - 1  # in the file (page cache at least)
         self.records_written = 0
+        # The fsync thread (always, started by the loop) and what was asked of it.
+        self.syncer: Syncer | None = None
+        self._sync_gen = 0
+        self.sync_asked = next_seq - 1  # the highest seq the fsync thread was asked for
         self.segment: SegmentWriter | None = None
         self.appended_at: tuple[Path, int] | None = None  # (file, payload end) of the last append
         self._dirty = False  # written but not fsynced (interval mode)
@@ -112,12 +123,14 @@ class Journal:
 
     def reset(self, next_seq: int) -> None:
         """Drop every segment and start over at next_seq (a replica's full resync)."""
+        self.wait_for_syncs()
+        self._sync_gen += 1
         self.segment.discard_pending()
         self.segment.close()
         for _first, path in list_segments(self.aof_dir):
             path.unlink()
         self.next_seq = next_seq
-        self.committed_seq = next_seq - 1
+        self.committed_seq = self.written_seq = self.sync_asked = next_seq - 1
         self._open_segment()
 
     def has_pending(self) -> bool:
@@ -126,7 +139,7 @@ class Journal:
     def discard(self) -> None:
         """Forget staged records after a failed commit; their seqs are reused."""
         self.segment.discard_pending()
-        self.next_seq = self.committed_seq + 1
+        self.next_seq = self.written_seq + 1
 
     # --- committing --------------------------------------------------------------
 
@@ -157,14 +170,131 @@ class Journal:
             except OSError:
                 log.exception("could not cut the segment back after a failed write")
             raise JournalError(f"writing {seg.path}: {e}") from e
-        self.committed_seq = last
+        self.committed_seq = self.written_seq = self.sync_asked = last
+        seg.durable = (seg.size, seg.records, seg.last_seq)
         self.records_written += count
-        if seg.records >= self.segment_records or seg.size >= self.segment_bytes:
+        if self.segment_full():
             try:
                 await self.rotate()
             except JournalError:
                 # The batch is durable already: keep appending to this segment, retry later.
                 log.exception("rotation failed; staying on %s", seg.path)
+
+    def segment_full(self) -> bool:
+        seg = self.segment
+        return seg.records >= self.segment_records or seg.size >= self.segment_bytes
+
+    # --- committing in two steps (the loop, under --fsync always) -------------------
+
+    def write_staged(self) -> None:
+        """Write what is staged, without an fsync. JournalError if the write
+        fails (the segment is cut back; the staged records are gone)."""
+        seg = self.segment
+        if not seg.pending:
+            return
+        count, last = seg.pending_records, seg.pending_last_seq
+        try:
+            seg.write()
+        except OSError as e:
+            seg.discard_pending()
+            self.next_seq = self.written_seq + 1
+            raise JournalError(f"writing {seg.path}: {e}") from e
+        self.written_seq = last
+        self.records_written += count
+
+    def sync(self) -> None:
+        """fsync in this thread: everything written is durable on return."""
+        seg = self.segment
+        try:
+            seg.sync()
+        except OSError as e:
+            self.fail_unsynced()
+            raise JournalError(f"fsync {seg.path}: {e}") from e
+        self.committed_seq = self.sync_asked = self.written_seq
+        seg.durable = (seg.size, seg.records, seg.last_seq)
+
+    @property
+    def syncing(self) -> bool:
+        """A background fsync was asked for and has not answered yet."""
+        return self.sync_asked > self.committed_seq
+
+    def sync_in_background(self) -> None:
+        """Ask the fsync thread to make everything written so far durable."""
+        seg = self.segment
+        self.syncer.request(self._sync_gen, self.written_seq, seg.fd,
+                            (seg.size, seg.records, seg.last_seq))
+        self.sync_asked = self.written_seq
+
+    def sync_result(self) -> int:
+        """Take the fsync thread's latest answer; the seq durable now.
+        JournalError if it failed (everything not durable is cut off)."""
+        res = self.syncer.take_result()
+        if res is None or res.gen != self._sync_gen:
+            return self.committed_seq  # nothing new, or about records dropped since
+        if res.error is not None:
+            self.fail_unsynced()
+            raise JournalError(f"fsync {self.segment.path}: {res.error}")
+        if res.seq > self.committed_seq:
+            # Rotation waits for every fsync, so the answer is about this segment.
+            self.committed_seq = res.seq
+            self.segment.durable = res.position
+        return self.committed_seq
+
+    def wait_for_syncs(self) -> None:
+        """Block until the fsync thread has answered everything asked of it
+        (before a rotation or a reset). JournalError as `sync_result`."""
+        if self.syncer is None:
+            return
+        while self.syncing:
+            select.select([self.syncer.done_fd], [], [])
+            try:
+                os.eventfd_read(self.syncer.done_fd)
+            except BlockingIOError:
+                pass
+            self.sync_result()
+
+    def fail_unsynced(self) -> None:
+        """An fsync failed: what was written after the last durable point may
+        be lost, so it is cut off and its seqs are taken again."""
+        seg = self.segment
+        seg.discard_pending()
+        self._sync_gen += 1
+        self.next_seq = self.committed_seq + 1
+        self.written_seq = self.sync_asked = self.committed_seq
+        try:
+            seg.cut_back_to(*seg.durable)
+        except OSError:
+            log.exception("could not cut %s back after a failed fsync", seg.path)
+
+    def rotate_now(self) -> None:
+        """`rotate` without awaiting, for the loop under always (after
+        `wait_for_syncs`: the old segment is durable, the fsync is quick)."""
+        old = self.segment
+        if old.records == 0:
+            return
+        try:
+            old.sync()
+            self._open_segment()
+        except OSError:
+            log.exception("rotation failed; staying on %s", old.path)
+            return
+        old.close()
+        self._dirty = False
+        self.rotated.set()
+        self.rotated = trio.Event()
+
+    def start_syncer(self) -> Syncer:
+        if self.syncer is None:
+            self.syncer = Syncer()
+        return self.syncer
+
+    def stop_syncer(self) -> None:
+        if self.syncer is not None:
+            self.syncer.stop()
+            self.syncer = None
+            # Unanswered requests are gone with the thread: close() syncs.
+            self._sync_gen += 1
+            self.sync_asked = self.committed_seq
 
     async def rotate(self) -> None:
         """Close the open segment (durably) and start the next one."""

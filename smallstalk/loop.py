@@ -10,9 +10,16 @@ received chunk, not per command). Each turn of the loop:
 3. runs the timers: delayed jobs whose time came (`Promote`), reservations
    whose TTR ran out (`Timeout`), waiting reserves to grant, to time out, or
    to warn with DEADLINE_SOON;
-4. commits the AOF once for the whole turn (group commit: one write, one
-   fsync in a worker thread under `--fsync always`);
+4. commits the AOF once for the whole turn (group commit: one write, at
+   most one fsync);
 5. only then sends every session its replies, one blob per session.
+
+Under `--fsync always` a turn's replies may wait past the turn: the turn
+writes its records, and a turn that answers one connection fsyncs them in
+this thread; a busier one hands the fsync to the fsync thread (syncer.py)
+and the loop goes on with the next turns meanwhile. Their replies (also of
+turns that changed nothing: they may have seen the unsynced records) wait
+in `_unsynced`, in order, until the fsync answers (`_watch_syncs`).
 
 If the commit fails, no reply of that turn is sent as a success: every
 command of the turn is answered INTERNAL_ERROR, the staged records are
@@ -38,8 +45,9 @@ import trio
 from . import dispatch
 from . import protocol as p
 from . import records as r
+from .aof import FSYNC_ALWAYS
 from .bodies import PUTS, BodyError, spill_record
-from .journal import Journal, JournalError
+from .journal import INLINE_SYNC_RECORDS, Journal, JournalError
 from .policy import ConfigError, Policies, load_policies
 from .state import NS, State
 
@@ -81,6 +89,16 @@ class Session:
         self.wait_deadline = None
         self.feed = None  # a replication feed: the connection streams records instead
         self.view_use: str | None = None  # `use` on a replica: this connection's view only
+
+
+class Unsynced:
+    """A turn whose records are written and not yet fsynced: what waits for it."""
+
+    __slots__ = ("seq", "seq0", "payloads", "calls", "deliveries")
+
+    def __init__(self, seq: int, seq0: int, payloads: list, calls: list, deliveries: list):
+        self.seq, self.seq0 = seq, seq0  # last seq written at its end; last seq before it
+        self.payloads, self.calls, self.deliveries = payloads, calls, deliveries
 
 
 class Parked:
@@ -133,6 +151,7 @@ class MutationLoop:
         self.min_replica_acks = min_replica_acks
         self.replica_ack_timeout = replica_ack_timeout
         self._parked: deque[Parked] = deque()
+        self._unsynced: deque[Unsynced] = deque()  # turns waiting for the fsync thread
         self._turn_payloads: list[tuple[int, bytes]] = []
         self._turn_seq0 = state.last_seq
         self.follower = None  # replica.Follower, on a replica
@@ -301,7 +320,30 @@ class MutationLoop:
     # --- the loop ----------------------------------------------------------------
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
+        j = self.journal
+        if j is None or j.fsync != FSYNC_ALWAYS:
+            task_status.started()
+            await self._run_turns()
+            return
+        syncer = j.start_syncer()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_syncs, syncer.done_fd)
+                task_status.started()
+                await self._run_turns()
+        finally:
+            j.stop_syncer()
+
+    async def _watch_syncs(self, fd: int) -> None:
+        while True:
+            await trio.lowlevel.wait_readable(fd)
+            try:
+                os.eventfd_read(fd)
+            except BlockingIOError:
+                continue  # answered already (a rotation waited for it)
+            self._sync_answered()
+
+    async def _run_turns(self) -> None:
         inbox = self._inbox
         while True:
             wait = self._seconds_to_next_deadline()
@@ -493,6 +535,9 @@ class MutationLoop:
             except Unavailable:
                 pass
         j = self.journal
+        if j is not None and j.syncer is not None:
+            self._commit_in_two_steps()
+            return
         committed = False
         if j is not None and j.has_pending():
             try:
@@ -516,21 +561,116 @@ class MutationLoop:
                     feed.push(payloads)
         for _box, done in self._calls_done:
             done.set()
-        self._reply(self.state.last_seq if committed else self._turn_seq0)
+        self._reply(self._collect(), self.state.last_seq if committed else self._turn_seq0,
+                    self._turn_seq0)
 
-    def _reply(self, turn_seq: int) -> None:
+    # --- committing under --fsync always ------------------------------------------
+
+    def _commit_in_two_steps(self) -> None:
+        """Write the turn's records now; fsync them here (a turn for one
+        connection or call: nothing to overlap) or in the fsync thread."""
+        j = self.journal
+        calls = self._calls_done
+        had = j.has_pending()
+        try:
+            j.write_staged()
+        except JournalError as e:
+            self._failed(e)
+            for box, _done in calls:
+                box[:] = [e]
+            self._turn_payloads = []
+        else:
+            if had and self._failed_until:
+                self._failed_until = 0.0
+            if self._turn_puts:
+                self._spill()
+        self._turn_puts = []
+        turn = Unsynced(j.written_seq, self._turn_seq0, self._turn_payloads, calls,
+                        self._collect())
+        self._turn_payloads = []
+        if turn.seq <= j.committed_seq:
+            self._synced(turn)  # nothing of it or before it waits for the disk
+            return
+        self._unsynced.append(turn)
+        try:
+            if not j.syncing:
+                self._sync_written()
+            # else the fsync thread is busy: this turn waits for its answer,
+            # and then for the fsync that covers it (`_sync_answered`).
+            if j.segment_full():
+                j.wait_for_syncs()  # rotation needs the old segment durable
+                j.rotate_now()  # before the replies, as `Journal.commit` does
+        except JournalError as e:
+            self._sync_failed(e)
+            return
+        self._release_synced(j.committed_seq)
+
+    def _sync_written(self) -> None:
+        """fsync what is written: here if it is little (the thread hand-off
+        would cost more than the loop could do meanwhile), else in the thread."""
+        j = self.journal
+        if j.written_seq - j.committed_seq <= INLINE_SYNC_RECORDS:
+            j.sync()
+        else:
+            j.sync_in_background()
+
+    def _sync_answered(self) -> None:
+        j = self.journal
+        try:
+            j.sync_result()
+            if self._unsynced and not j.syncing and self._unsynced[-1].seq > j.committed_seq:
+                self._sync_written()  # what the turns wrote meanwhile
+        except JournalError as e:
+            self._sync_failed(e)
+            return
+        self._release_synced(j.committed_seq)
+
+    def _release_synced(self, durable: int) -> None:
+        q = self._unsynced
+        while q and q[0].seq <= durable:
+            self._synced(q.popleft())
+
+    def _synced(self, turn: Unsynced) -> None:
+        if turn.payloads:
+            for feed in list(self.feeds.values()):
+                feed.push(turn.payloads)
+        for _box, done in turn.calls:
+            done.set()
+        self._reply(turn.deliveries, turn.seq, turn.seq0)
+
+    def _sync_failed(self, e: JournalError) -> None:
+        """An fsync failed: every turn waiting for one is answered INTERNAL_ERROR
+        (the journal has cut their records off) and the state is read back."""
+        log.error("AOF fsync failed, answering INTERNAL_ERROR: %s", e)
+        self._failed_until = trio.current_time() + RETRY_AFTER_FAILURE
+        turns, self._unsynced = self._unsynced, deque()
+        for turn in turns:
+            for box, done in turn.calls:
+                box[:] = [e]
+                done.set()
+            for s, out, _mut, done, closing in turn.deliveries:
+                _deliver((s, [p.INTERNAL_ERROR] * len(out), [False] * len(out), done, closing))
+        self._reload_state()
+
+    def _collect(self) -> list[tuple]:
+        """Take every touched session's replies of this turn, one delivery each."""
         touched = self._touched
         self._touched = {}
-        hold = self.min_replica_acks and turn_seq > self._turn_seq0
-        held = []
+        deliveries = []
         for s in touched.values():
             if s.id not in self.sessions or s.feed is not None:
                 continue
             done = not s.blocked and not s.pending
             # A session that just started waiting is told so (done=False, maybe
             # no bytes): its connection then watches the socket meanwhile.
-            delivery = (s, s.out, s.out_mut, done, s.closing)
+            deliveries.append((s, s.out, s.out_mut, done, s.closing))
             s.out, s.out_mut = [], []
+        return deliveries
+
+    def _reply(self, deliveries: list[tuple], turn_seq: int, seq0: int) -> None:
+        hold = self.min_replica_acks and turn_seq > seq0
+        held = []
+        for delivery in deliveries:
             if hold and any(delivery[2]):
                 held.append(delivery)
             else:
@@ -579,6 +719,10 @@ class MutationLoop:
         for s in self._touched.values():
             s.out[:] = [p.INTERNAL_ERROR] * len(s.out)
             s.out_mut[:] = [False] * len(s.out)
+        self._reload_state()
+
+    def _reload_state(self) -> None:
+        """Back to exactly what the data directory holds, after a disk error."""
         from .recovery import recover  # late: recovery is only needed on this path
 
         old = self.bodies

@@ -59,6 +59,7 @@ class _Connection:
         self.done = True  # nothing submitted is left unanswered
         self.closing = False  # quit: close once the replies are out
         self.broken = False
+        self.closed = False  # the socket is closed: its fd number may belong to another
         self.eof = False
         self.feed = None
         self.throttled = False  # the reader waits for the backlog to shrink
@@ -72,6 +73,8 @@ class _Connection:
     # --- called by the loop (synchronously, at the end of a turn) -----------------
 
     def deliver(self, blob, done: bool, close: bool) -> None:
+        if self.closed:
+            return  # replies held for an fsync or a replica outlived the connection
         if not isinstance(blob, bytes):
             self.feed = blob
             self.changed.set()
@@ -179,6 +182,7 @@ async def serve_connection(lp: MutationLoop, stream: trio.abc.Stream, max_job_si
     except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         pass  # the peer went away; closing below releases what it held
     finally:
+        conn.closed = True
         lp.close_session(conn.session)
         with trio.CancelScope(shield=True):
             try:
