@@ -322,7 +322,7 @@ class Bench:
         self.src = None
         if not args.live_source:
             self.src = self.workdir / "src"
-            shutil.copytree(REPO / "smallstalk", self.src / "smallstalk",
+            shutil.copytree(Path(args.source or REPO) / "smallstalk", self.src / "smallstalk",
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         self.git = git_info(self.src)  # commit and dirty flag as of the start
         self.servers = [s for s in SERVERS if s in args.servers]
@@ -894,6 +894,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(REPO / "bench-results"), help="results directory")
     ap.add_argument("--tmp", default=None, help="where data directories go (a real disk!)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory and logs")
+    ap.add_argument("--source", metavar="DIR",
+                    help="measure the smallstalk/ package in DIR (a copy of an older "
+                         "version, for A/B runs) instead of this checkout's")
     ap.add_argument("--live-source", action="store_true",
                     help="run smallstalk from the working tree (default: from a copy of "
                          "smallstalk/ taken at the start, so edits during a run do not mix in)")
