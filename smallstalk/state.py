@@ -990,17 +990,32 @@ class State:
         jobs = s.jobs
         ready_keys: dict[Tube, list[int]] = {}
         tubes = s.tubes
+        expires = s.expires
+        expiry_heap = s.expiry_heap
+        # Jobs come in runs of one tube: the tube and its ready keys are looked
+        # up when the name changes. Any other item may change the tubes.
+        last_tube = t = keys = None
         # The bulk of a big snapshot is job items: this loop is the restart time
         # (see the README's start-up row), so it stays flat and call-free.
         for item in items:
             kind = item[0]
             if kind == "job":
-                (_, jid, tube, pri, delay, ttr, body, st, created, deadline, reserver,
-                 reserves, timeouts, releases, buries, kicks, *rest) = item
-                t = tubes[tube]
+                if len(item) == 17:  # format 2
+                    (_, jid, tube, pri, delay, ttr, body, st, created, deadline, reserver,
+                     reserves, timeouts, releases, buries, kicks, exp) = item
+                else:
+                    (_, jid, tube, pri, delay, ttr, body, st, created, deadline, reserver,
+                     reserves, timeouts, releases, buries, kicks, *rest) = item
+                    exp = rest[0] if rest else 0
+                if tube != last_tube or last_tube is None:
+                    t = tubes[tube]
+                    last_tube = tube
+                    keys = ready_keys.get(t)
+                    if keys is None:
+                        keys = ready_keys[t] = []
                 j = Job(jid, t, pri, delay, ttr, body, created)
-                if rest and rest[0]:
-                    s.expires[jid] = rest[0]
+                if exp:
+                    expires[jid] = exp
                 if reserves or timeouts or releases or buries or kicks:
                     j.counts = (reserves, timeouts, releases, buries, kicks)
                 jobs[jid] = j
@@ -1012,23 +1027,21 @@ class State:
                     t.bytes_n += n
                     t.spilled_n += n
                 if st == READY:
-                    # Collect keys, heapify once below.
-                    keys = ready_keys.get(t)
-                    if keys is None:
-                        keys = ready_keys[t] = []
+                    # Collect keys, heapify once below (ready_n from their count).
                     keys.append((pri << 96) | (jid << 32))
-                    t.ready_n += 1
                     if pri < URGENT_THRESHOLD:
                         t.urgent_n += 1
-                    if rest and rest[0]:
-                        s.expiry_heap.append((rest[0], jid, 0))
+                    if exp:
+                        expiry_heap.append((exp, jid, 0))
                 elif st == DELAYED:
                     s._enter_delayed(j, deadline)
                 elif st == RESERVED:
                     s._enter_reserved(j, s.conns[reserver], deadline)
                 else:
                     s._enter_buried(j)
-            elif kind == "tube":
+                continue
+            last_tube = None
+            if kind == "tube":
                 _, name, total, cmd_delete, cmd_pause, pause, unpause_at, *rest = item
                 t = s._tube(name, register=False)  # "fanout" items say which are
                 t.total_jobs, t.cmd_delete, t.cmd_pause = total, cmd_delete, cmd_pause
@@ -1061,6 +1074,7 @@ class State:
         for t, keys in ready_keys.items():  # fresh jobs: state READY, gen 0, as keyed
             t.ready.extend(keys)
             heapq.heapify(t.ready)
+            t.ready_n += len(keys)
             s.ready_n += len(keys)
         s.urgent_n = sum(t.urgent_n for t in s.tubes.values())
         heapq.heapify(s.expiry_heap)
