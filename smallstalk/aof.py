@@ -277,6 +277,7 @@ def iter_segment(path: Path, data: bytes | None = None, put_lists: bool = False,
     first = read_header(path, data, SEGMENT_MAGIC)
     last = first - 1
     decode_list = records.decode_list
+    loads = records.loads_unchecked
     from_list = records.from_list
     put_code, put_len = records.Put.CODE, records.PUT_LIST_LEN
     # read_frames' loop, inlined: a generator per level costs ~0.1 us a
@@ -294,7 +295,12 @@ def iter_segment(path: Path, data: bytes | None = None, put_lists: bool = False,
                 payload = data[pos + head:end]
                 if crc32(payload) == crc:
                     try:
-                        items = decode_list(payload)
+                        try:
+                            items = loads(payload)
+                        except Exception:
+                            items = None
+                        if type(items) is not list or not items:
+                            items = decode_list(payload)  # raises DecodeError, or it is a list
                         code = items[0]
                         # records.is_put_list, inlined
                         if (put_lists and type(code) is int and code == put_code

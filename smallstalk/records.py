@@ -343,6 +343,11 @@ def decode(payload: bytes) -> Record:
     return from_list(decode_list(payload))
 
 
+# `decode_list` without its checks, for a loop that checks the result itself
+# and calls `decode_list` for the error when it is not a non-empty list.
+loads_unchecked = cbor2.loads
+
+
 # A format-1 Put as `decode_list` gives it:
 # [1, seq, time, conn, id, tube, pri, delay, ttr, body].
 PUT_LIST_LEN = 1 + len(FIELDS[Put])

@@ -24,6 +24,7 @@ import os
 import struct
 import zlib
 from collections.abc import Iterable, Iterator
+from itertools import chain
 from pathlib import Path
 
 import cbor2
@@ -198,6 +199,13 @@ def iter_items(path: Path, bodies=None) -> Iterator[list]:
     first: in FIFO use, the head of each tube); past them the item carries a
     reference to the body's bytes in this file instead.
     """
+    # Handed on a read's worth at a time and flattened in C: a generator step
+    # per item was ~5% of a big snapshot's load.
+    return chain.from_iterable(_item_batches(path, bodies))
+
+
+def _item_batches(path: Path, bodies) -> Iterator[list[list]]:
+    """`iter_items` a read at a time; damage raises after the good items before it."""
     if bodies is not None and not bodies.active:
         bodies = None
     total = 0
@@ -207,17 +215,24 @@ def iter_items(path: Path, bodies=None) -> Iterator[list]:
     count = 0
     loads = cbor2.loads
     for last_seq, batch in _frame_batches(path):
+        out: list[list] = []
+        err = None
         for offset, payload in batch:
             try:
                 item = loads(payload)
             except Exception as e:  # cbor2 raises several types for garbage
-                raise CorruptionError(path, offset, last_seq, f"bad CBOR: {e}") from None
+                err = CorruptionError(path, offset, last_seq, f"bad CBOR: {e}")
+                break
             if not isinstance(item, list) or not item:
-                raise CorruptionError(path, offset, last_seq, "snapshot item is not an array")
+                err = CorruptionError(path, offset, last_seq, "snapshot item is not an array")
+                break
             kind = item[0]
             if kind == "end":
                 if item[1:2] != [count]:
-                    raise CorruptionError(path, offset, last_seq, "item count mismatch")
+                    err = CorruptionError(path, offset, last_seq, "item count mismatch")
+                    break
+                if out:
+                    yield out
                 return
             count += 1
             if (bodies is not None and kind == "job" and len(item) > 7
@@ -237,11 +252,15 @@ def iter_items(path: Path, bodies=None) -> Iterator[list]:
                         if key is None:
                             key = bodies.key(path)
                         item[6] = bodies.ref(path, offset + aof.FRAME.size + end - n, n, key)
-                        yield item
+                        out.append(item)
                         continue
                 total += n
                 per_tube[tube] = in_tube + n
-            yield item
+            out.append(item)
+        if out:
+            yield out
+        if err is not None:
+            raise err
 
 
 def read_items(path: Path) -> tuple[int, list[list]]:

@@ -252,11 +252,13 @@ class State:
         t = self.tubes.get(tube)
         if t is None:
             t = self._tube(tube)
-        j = Job(id, t, pri, delay, max(ttr, 1), body, time)
+        j = Job(id, t, pri, delay, 1 if 1 > ttr else ttr, body, time)  # max(ttr, 1)
         jobs[id] = j
         self.next_job_id = id + 1
         # _arrive
-        if isinstance(body, int):
+        if type(body) is bytes:
+            n = len(body)
+        elif isinstance(body, int):
             n = body & _M32
             t.spilled_n += n
             self.spilled_bytes += n
