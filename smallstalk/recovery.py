@@ -106,6 +106,7 @@ def _replay(state: State, path: Path, data: bytes, last_segment: bool, repair: b
     FrameScan = aof.FrameScan
     apply_put = state.apply_put
     replayed = 0
+    last = state.last_seq  # kept here between puts: state.last_seq is the same
     for entry in aof.iter_segment(path, data, put_lists=True):
         if type(entry) is FrameScan:
             if not entry.clean:
@@ -119,7 +120,6 @@ def _replay(state: State, path: Path, data: bytes, last_segment: bool, repair: b
             _, seq, time, conn, jid, tube, pri, delay, ttr, body = rec
             if until_seq is not None and seq > until_seq:
                 return replayed, True
-            last = state.last_seq
             if seq <= last:
                 continue  # already in the snapshot
             if seq != last + 1:
@@ -130,6 +130,7 @@ def _replay(state: State, path: Path, data: bytes, last_segment: bool, repair: b
             except StateError as e:
                 raise CorruptionError(path, offset, state.last_seq,
                                       f"record does not apply: {e}") from None
+            last = seq
             if spill is not None:
                 rec = records.from_list(rec)
                 spill_record(spill, state, rec, path, body_offset(data, offset, rec), keys)
@@ -139,6 +140,7 @@ def _replay(state: State, path: Path, data: bytes, last_segment: bool, repair: b
             return replayed, True
         if not apply_next(state, path, offset, rec):
             continue  # already in the snapshot
+        last = state.last_seq
         if spill is not None and type(rec) in PUTS:
             spill_record(spill, state, rec, path, body_offset(data, offset, rec), keys)
         replayed += 1

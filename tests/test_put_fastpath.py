@@ -13,7 +13,7 @@ import pytest
 from smallstalk import aof, recovery, snapshot
 from smallstalk import records as r
 from smallstalk.aof import CorruptionError
-from smallstalk.state import State, StateError
+from smallstalk.state import Job, State, StateError
 
 T0 = 1_700_000_000 * 10**9
 S = 10**9
@@ -195,3 +195,22 @@ def test_a_segment_whose_first_put_is_not_its_first_seq(tmp_path: Path) -> None:
     w.close()
     with pytest.raises(CorruptionError, match="header says first seq 5, first record has 1"):
         recovery.recover(tmp_path, repair=False)
+
+
+def slots(j: Job) -> dict:
+    out = {name: getattr(j, name) for name in Job.__slots__}
+    out["tube"] = j.tube.name
+    return out
+
+
+def test_jobs_made_without_init_have_every_slot() -> None:
+    """apply_put and State.load inline Job.__init__: every slot set, as __init__ sets it."""
+    slow, quick = State(), State()
+    rec = put(1, 1, ttr=0)
+    slow.apply(rec)
+    fast(quick, rec)
+    made = quick.jobs[1]
+    assert slots(made) == slots(slow.jobs[1])
+    assert slots(made) == slots(Job(1, made.tube, 100, 0, 1, b"hello", T0 + S))
+    loaded = State.load(iter(list(slow.dump())))
+    assert slots(loaded.jobs[1]) == slots(made)
