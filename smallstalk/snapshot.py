@@ -25,6 +25,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Iterator
 from itertools import chain
+from operator import itemgetter
 from pathlib import Path
 
 import cbor2
@@ -131,13 +132,13 @@ def iter_frames(path: Path) -> Iterator[tuple[int, int, bytes]]:
     Streams the file; raises CorruptionError as `aof.read_frames` would judge
     the damage (and for a file without an `end` frame).
     """
-    for last_seq, batch in _frame_batches(path):
-        for offset, payload in batch:
+    for last_seq, offsets, payloads in _frame_batches(path):
+        for offset, payload in zip(offsets, payloads, strict=True):
             yield offset, last_seq, payload
 
 
-def _frame_batches(path: Path) -> Iterator[tuple[int, list[tuple[int, bytes]]]]:
-    """`iter_frames` a read at a time: (last seq, [(offset, payload), ...]).
+def _frame_batches(path: Path) -> Iterator[tuple[int, list[int], list[bytes]]]:
+    """`iter_frames` a read at a time: (last seq, offsets, payloads).
 
     Frames are cut out of 1 MiB reads and handed over a read's worth at a
     time: two small reads and a generator step per frame were a fifth of a
@@ -154,7 +155,8 @@ def _frame_batches(path: Path) -> Iterator[tuple[int, list[tuple[int, bytes]]]]:
         unpack = aof.FRAME.unpack_from
         crc32 = zlib.crc32
         while True:
-            batch = []
+            offsets: list[int] = []
+            payloads: list[bytes] = []
             why = None
             need = head  # bytes from buf[i] the next frame needs in the buffer
             while pos < size:
@@ -175,11 +177,12 @@ def _frame_batches(path: Path) -> Iterator[tuple[int, list[tuple[int, bytes]]]]:
                 if crc32(payload) != crc:
                     why = "checksum mismatch"
                     break
-                batch.append((pos, payload))
+                offsets.append(pos)
+                payloads.append(payload)
                 pos += head + length
                 i = end
-            if batch:
-                yield last_seq, batch
+            if offsets:
+                yield last_seq, offsets, payloads
             if why is not None:
                 raise CorruptionError(path, pos, last_seq, why)
             if pos >= size:
@@ -214,10 +217,24 @@ def _item_batches(path: Path, bodies) -> Iterator[list[list]]:
     key = None
     count = 0
     loads = cbor2.loads
-    for last_seq, batch in _frame_batches(path):
+    first = itemgetter(0)
+    for last_seq, offsets, payloads in _frame_batches(path):
+        if bodies is None:
+            # The common case, checked in C: every payload decodes to a
+            # non-empty list, and none is the `end` item (that batch, or one
+            # with damage, takes the item-by-item path below).
+            try:
+                items = list(map(loads, payloads))
+            except Exception:  # cbor2 raises several types for garbage
+                items = None
+            if (items is not None and set(map(type, items)) == {list} and all(items)
+                    and "end" not in map(first, items)):
+                count += len(items)
+                yield items
+                continue
         out: list[list] = []
         err = None
-        for offset, payload in batch:
+        for offset, payload in zip(offsets, payloads, strict=True):
             try:
                 item = loads(payload)
             except Exception as e:  # cbor2 raises several types for garbage
