@@ -272,6 +272,24 @@ def iter_segment(path: Path, data: bytes | None = None, put_lists: bool = False,
     `put_lists`: a format-1 Put comes as its list (`records.is_put_list`)
     instead of a Put record, for a bulk replay that applies it from there.
     """
+    for offsets, recs, scan in segment_batches(path, data, put_lists):
+        yield from zip(offsets, recs, strict=True)
+        if scan is not None:
+            yield scan
+
+
+SEGMENT_BATCH = 512  # frames decoded at a time by segment_batches
+
+
+def segment_batches(path: Path, data: bytes | None = None, put_lists: bool = False,
+                    ) -> Iterator[tuple[list[int], list, FrameScan | None]]:
+    """`iter_segment` a batch at a time: (offsets, records, FrameScan or None);
+    the FrameScan comes with the last batch. Damage raises after the good
+    records before it, as `iter_segment` would.
+
+    A replay steps through a list instead of a generator per record, and
+    cbor2 decodes a batch in one `map`: ~0.1 us a record.
+    """
     if data is None:
         data = path.read_bytes()
     first = read_header(path, data, SEGMENT_MAGIC)
@@ -280,45 +298,64 @@ def iter_segment(path: Path, data: bytes | None = None, put_lists: bool = False,
     loads = records.loads_unchecked
     from_list = records.from_list
     put_code, put_len = records.Put.CODE, records.PUT_LIST_LEN
-    # read_frames' loop, inlined: a generator per level costs ~0.1 us a
-    # record, a tenth of a 1M-record replay.
     pos = HEADER_SIZE
     n = len(data)
     head = FRAME.size
     unpack = FRAME.unpack_from
     crc32 = zlib.crc32
-    while pos < n:
-        if n - pos >= head:
-            length, crc = unpack(data, pos)
-            end = pos + head + length
-            if 0 < length <= MAX_FRAME and end <= n:
-                payload = data[pos + head:end]
-                if crc32(payload) == crc:
-                    try:
-                        try:
-                            items = loads(payload)
-                        except Exception:
-                            items = None
-                        if type(items) is not list or not items:
-                            items = decode_list(payload)  # raises DecodeError, or it is a list
-                        code = items[0]
-                        # records.is_put_list, inlined
-                        if (put_lists and type(code) is int and code == put_code
-                                and len(items) == put_len):
-                            rec = items
-                            seq = items[1]
-                        else:
-                            rec = from_list(items)
-                            seq = rec.seq
-                    except records.DecodeError as e:
-                        raise CorruptionError(path, pos, last, str(e)) from None
-                    if last == first - 1 and seq != first:
-                        raise CorruptionError(
-                            path, pos, None, f"header says first seq {first}, first record has {seq}")
-                    last = seq
-                    yield pos, rec
-                    pos = end
-                    continue
-        yield FrameScan(pos, n, frame_damage(data, pos))
-        return
-    yield FrameScan(pos, n)
+    while True:
+        # read_frames' rules, a batch of frames at a time
+        offsets: list[int] = []
+        payloads: list[bytes] = []
+        scan = None
+        while len(offsets) < SEGMENT_BATCH:
+            if pos >= n:
+                scan = FrameScan(pos, n)
+                break
+            if n - pos >= head:
+                length, crc = unpack(data, pos)
+                end = pos + head + length
+                if 0 < length <= MAX_FRAME and end <= n:
+                    payload = data[pos + head:end]
+                    if crc32(payload) == crc:
+                        offsets.append(pos)
+                        payloads.append(payload)
+                        pos = end
+                        continue
+            scan = FrameScan(pos, n, frame_damage(data, pos))
+            break
+        try:
+            decoded = list(map(loads, payloads))
+        except Exception:  # cbor2 raises several types for garbage
+            decoded = [None] * len(payloads)  # decode_list below says which and why
+        recs: list = []
+        err = None
+        for offset, payload, items in zip(offsets, payloads, decoded, strict=True):
+            try:
+                if type(items) is not list or not items:
+                    items = decode_list(payload)  # raises DecodeError, or it is a list
+                code = items[0]
+                # records.is_put_list, inlined
+                if (put_lists and type(code) is int and code == put_code
+                        and len(items) == put_len):
+                    rec = items
+                    seq = items[1]
+                else:
+                    rec = from_list(items)
+                    seq = rec.seq
+            except records.DecodeError as e:
+                err = CorruptionError(path, offset, last, str(e))
+                break
+            if last == first - 1 and seq != first:
+                err = CorruptionError(
+                    path, offset, None, f"header says first seq {first}, first record has {seq}")
+                break
+            last = seq
+            recs.append(rec)
+        if err is not None:
+            if recs:
+                yield offsets[:len(recs)], recs, None
+            raise err
+        yield offsets, recs, scan
+        if scan is not None:
+            return

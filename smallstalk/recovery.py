@@ -103,47 +103,45 @@ def _replay(state: State, path: Path, data: bytes, last_segment: bool, repair: b
             keys: dict) -> tuple[int, bool]:
     """Apply the records of one segment that follow the state: how many, and
     whether it stopped at `until_seq`."""
-    FrameScan = aof.FrameScan
     apply_put = state.apply_put
     replayed = 0
     last = state.last_seq  # kept here between puts: state.last_seq is the same
-    for entry in aof.iter_segment(path, data, put_lists=True):
-        if type(entry) is FrameScan:
-            if not entry.clean:
-                _torn_or_corrupt(path, data, entry, state.last_seq, last_segment, repair,
-                                 result)
-            return replayed, False
-        offset, rec = entry
-        if type(rec) is list:
-            # A format-1 Put, the bulk of a log (see records.is_put_list):
-            # apply_next's rules, applied from the fields.
-            _, seq, time, conn, jid, tube, pri, delay, ttr, body = rec
-            if until_seq is not None and seq > until_seq:
+    for offsets, recs, scan in aof.segment_batches(path, data, put_lists=True):
+        for offset, rec in zip(offsets, recs, strict=True):
+            if type(rec) is list:
+                # A format-1 Put, the bulk of a log (see records.is_put_list):
+                # apply_next's rules, applied from the fields.
+                _, seq, time, conn, jid, tube, pri, delay, ttr, body = rec
+                if until_seq is not None and seq > until_seq:
+                    return replayed, True
+                if seq <= last:
+                    continue  # already in the snapshot
+                if seq != last + 1:
+                    raise CorruptionError(path, offset, last,
+                                          f"sequence gap: expected {last + 1}, found {seq}")
+                try:
+                    apply_put(seq, time, conn, jid, tube, pri, delay, ttr, body)
+                except StateError as e:
+                    raise CorruptionError(path, offset, state.last_seq,
+                                          f"record does not apply: {e}") from None
+                last = seq
+                if spill is not None:
+                    rec = records.from_list(rec)
+                    spill_record(spill, state, rec, path, body_offset(data, offset, rec), keys)
+                replayed += 1
+                continue
+            if until_seq is not None and rec.seq > until_seq:
                 return replayed, True
-            if seq <= last:
+            if not apply_next(state, path, offset, rec):
                 continue  # already in the snapshot
-            if seq != last + 1:
-                raise CorruptionError(path, offset, last,
-                                      f"sequence gap: expected {last + 1}, found {seq}")
-            try:
-                apply_put(seq, time, conn, jid, tube, pri, delay, ttr, body)
-            except StateError as e:
-                raise CorruptionError(path, offset, state.last_seq,
-                                      f"record does not apply: {e}") from None
-            last = seq
-            if spill is not None:
-                rec = records.from_list(rec)
+            last = state.last_seq
+            if spill is not None and type(rec) in PUTS:
                 spill_record(spill, state, rec, path, body_offset(data, offset, rec), keys)
             replayed += 1
-            continue
-        if until_seq is not None and rec.seq > until_seq:
-            return replayed, True
-        if not apply_next(state, path, offset, rec):
-            continue  # already in the snapshot
-        last = state.last_seq
-        if spill is not None and type(rec) in PUTS:
-            spill_record(spill, state, rec, path, body_offset(data, offset, rec), keys)
-        replayed += 1
+        if scan is not None:
+            if not scan.clean:
+                _torn_or_corrupt(path, data, scan, state.last_seq, last_segment, repair, result)
+            return replayed, False
     return replayed, False
 
 
