@@ -20,6 +20,7 @@ uses to move its references off the files a compaction folded.
 
 from __future__ import annotations
 
+import gc
 import os
 import struct
 import zlib
@@ -291,10 +292,18 @@ def load(path: Path, bodies=None) -> State:
     """The state in a snapshot; with a body store, bodies past its budgets stay on disk."""
     with open(path, "rb") as f:
         last_seq = aof.read_header(path, f.read(aof.HEADER_SIZE), aof.SNAPSHOT_MAGIC)
+    # As in recovery.recover: millions of objects and no cycles, so the cyclic
+    # collector would only run over and over (and over the decoded batches
+    # waiting for State.load). Also for callers with it on (a replica's resync).
+    enabled = gc.isenabled()
+    gc.disable()
     try:
         state = State.load(iter_items(path, bodies))
     except (StateError, TypeError, ValueError, KeyError, IndexError) as e:
         raise CorruptionError(path, 0, last_seq, f"snapshot items do not load: {e!r}") from None
+    finally:
+        if enabled:
+            gc.enable()
     if state.last_seq != last_seq:
         raise CorruptionError(path, 0, last_seq, f"header says seq {last_seq}, body {state.last_seq}")
     state.bodies = bodies
