@@ -214,3 +214,12 @@ def test_jobs_made_without_init_have_every_slot() -> None:
     assert slots(made) == slots(Job(1, made.tube, 100, 0, 1, b"hello", T0 + S))
     loaded = State.load(iter(list(slow.dump())))
     assert slots(loaded.jobs[1]) == slots(made)
+
+
+def test_is_put_list_picks_exactly_the_format_1_puts() -> None:
+    for rec in workload():
+        assert r.is_put_list(r.to_list(rec)) == (type(rec) is r.Put)
+    # Values that equal 1 but are not the int 1 go the generic way (from_list
+    # still makes a Put of them); a wrong length is not a Put.
+    assert not r.is_put_list([1.0, *r.to_list(put(1, 1))[1:]])
+    assert not r.is_put_list(r.to_list(put(1, 1))[:-1])
