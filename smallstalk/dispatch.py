@@ -43,7 +43,7 @@ def put(lp: MutationLoop, s: Session, cmd: p.Put):
     children = st.fanout.get(tube)
     if pol.plain and not children and not cmd.max_age:
         job_id = lp.take_job_id()  # the common case: a plain, format-1 Put record
-        lp.log(r.Put, s.id, job_id, tube, cmd.pri, cmd.delay, cmd.ttr, cmd.body)
+        lp.log_put(s.id, job_id, tube, cmd.pri, cmd.delay, cmd.ttr, cmd.body)
         return p.inserted(job_id)
     return _put_with_policy(lp, s, cmd, tube, pol, children or [])
 

@@ -107,13 +107,17 @@ class Journal:
 
     def append(self, rec: records.Record) -> bytes:
         payload = records.encode(rec)
+        self.append_payload(payload, rec.seq)
+        return payload
+
+    def append_payload(self, payload: bytes, seq: int) -> None:
+        """Stage an encoded record (`append` does the encoding)."""
         seg = self.segment
-        seg.append(payload, rec.seq)
+        seg.append(payload, seq)
         # Where this record's payload will end in the file once written (the
         # file grows by whole frames from seg.size): read-behind finds a put's
         # body there, as the body is the record's last field.
         self.appended_at = (seg.path, seg.size + len(seg.pending))
-        return payload
 
     def expect_seq(self, seq: int) -> None:
         """A replica logs the primary's seqs: take exactly this one next."""

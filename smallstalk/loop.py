@@ -241,6 +241,22 @@ class MutationLoop:
         self.state.apply(rec)
         return rec
 
+    def log_put(self, conn: int, job_id: int, tube: str, pri: int, delay: int, ttr: int,
+                body: bytes) -> None:
+        """`log(r.Put, ...)` for the everyday put, without making the record
+        (a few us of a put's ~20): the same bytes staged, the same state change."""
+        j = self.journal
+        if j is None or self.read_only or self._failed_until or self.bodies is not None:
+            self.log(r.Put, conn, job_id, tube, pri, delay, ttr, body)
+            return
+        seq = j.take_seq()
+        now = self.now
+        payload = r.encode_put(seq, now, conn, job_id, tube, pri, delay, ttr, body)
+        j.append_payload(payload, seq)
+        if self.feeds:
+            self._turn_payloads.append((seq, payload))
+        self.state.apply_put(seq, now, conn, job_id, tube, pri, delay, ttr, body)
+
     def _stage(self, rec: r.Record) -> None:
         payload = self.journal.append(rec)
         if self.feeds:

@@ -320,6 +320,12 @@ def encode(rec: Record) -> bytes:
     return cbor2.dumps(to_list(rec))
 
 
+def encode_put(seq: int, time: int, conn: int, id: int, tube: str, pri: int, delay: int,
+               ttr: int, body: bytes) -> bytes:
+    """`encode(Put(...))` without making the record: the live put path's."""
+    return cbor2.dumps([Put.CODE, seq, time, conn, id, tube, pri, delay, ttr, body])
+
+
 def from_list(items: list) -> Record:
     try:
         cls = BY_CODE[items[0]]

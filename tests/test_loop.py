@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 import trio
 
+from smallstalk import aof, records
 from smallstalk import protocol as p
+from smallstalk.recovery import recover
 
 from .harness import Client, make_loop
 
@@ -179,3 +181,33 @@ async def test_drain_mode_refuses_puts(lp, autojump_clock) -> None:
     c = Client(lp)
     lp.draining = True
     assert await c.ask(b"put 0 0 10 1\r\nx\r\n") == p.DRAINING
+
+
+async def test_live_put_path_logs_what_a_put_record_encodes_to(tmp_path, nursery,
+                                                               autojump_clock) -> None:
+    """dispatch's everyday put stages its record without making it (loop.log_put):
+    the bytes must be those of `records.encode(Put(...))` and replay must
+    rebuild the same jobs."""
+    loop = make_loop(tmp_path)
+    nursery.start_soon(loop.run)
+    c = Client(loop)
+    await c.ask(b"use other\r\n")
+    assert await c.ask(b"put 7 0 30 2\r\nhi\r\nput 1 5 0 0\r\n\r\n") == \
+        b"INSERTED 1\r\nINSERTED 2\r\n"
+    loop.journal.close()
+    puts = []
+    for _first, path in aof.list_segments(tmp_path / "aof"):
+        for entry in aof.read_frames(path.read_bytes()):
+            if isinstance(entry, aof.FrameScan):
+                break
+            rec = records.decode(entry[1])
+            assert records.encode(rec) == entry[1]
+            if isinstance(rec, records.Put):
+                puts.append(rec)
+    assert [(x.id, x.tube, x.pri, x.delay, x.ttr, x.body) for x in puts] == [
+        (1, "other", 7, 0, 30, b"hi"), (2, "other", 1, 5, 1, b"")]  # ttr 0 means 1
+    replayed = recover(tmp_path, repair=False).state
+    for jid in (1, 2):
+        live, again = loop.state.jobs[jid], replayed.jobs[jid]
+        assert (live.pri, live.ttr, live.state, live.deadline, live.body, live.tube.name) == (
+            again.pri, again.ttr, again.state, again.deadline, again.body, again.tube.name)
