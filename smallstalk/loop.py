@@ -246,7 +246,11 @@ class MutationLoop:
         """`log(r.Put, ...)` for the everyday put, without making the record
         (a few us of a put's ~20): the same bytes staged, the same state change."""
         j = self.journal
-        if j is None or self.read_only or self._failed_until or self.bodies is not None:
+        store = self.bodies
+        if j is None or self.read_only or self._failed_until or (store is not None and (
+                store.max_memory or self.policies.has_memory_budgets())):
+            # The record itself is needed: to spill its body after the commit,
+            # or for what `log` checks (no journal, a replica, a failing disk).
             self.log(r.Put, conn, job_id, tube, pri, delay, ttr, body)
             return
         seq = j.take_seq()

@@ -71,13 +71,19 @@ class Policies:
 
     default: TubePolicy = TubePolicy()
     tubes: Mapping[str, TubePolicy] = attrs.field(factory=dict)
+    # Asked on every put (may its body go to disk?): worked out once.
+    _memory_budgets: bool = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_memory_budgets", bool(self.default.max_memory) or any(
+            t.max_memory for t in self.tubes.values()))
 
     def of(self, tube: str) -> TubePolicy:
         return self.tubes.get(tube, self.default)
 
     def has_memory_budgets(self) -> bool:
         """Does any tube have its own `max-memory` (read-behind per tube)?"""
-        return bool(self.default.max_memory) or any(t.max_memory for t in self.tubes.values())
+        return self._memory_budgets
 
     def dump(self, names: list[str]) -> list[tuple[str, TubePolicy]]:
         """(tube, effective policy) for `default`, every configured tube and `names`."""
