@@ -69,7 +69,7 @@ class Session:
 
     __slots__ = (
         "id", "pending", "out", "out_mut", "blocked", "halfclosed", "closing", "producer",
-        "worker", "deliver", "wait_deadline", "feed", "view_use", "inflight",
+        "worker", "deliver", "wait_deadline", "feed", "view_use", "inflight", "pending_bytes",
     )
 
     def __init__(self, sid: int, deliver: Callable):
@@ -85,7 +85,11 @@ class Session:
         # deliver(blob, done, close): hands replies to the connection (sync, never
         # blocks); `done` says nothing of what was submitted is left unanswered.
         self.deliver = deliver
-        self.inflight = 0  # bytes of commands submitted and not yet run (backpressure)
+        # Backpressure: bytes of commands submitted and not yet run, of which
+        # `pending_bytes` are in `pending` (counted until it empties: a waiting
+        # reserve holds up everything behind it).
+        self.inflight = 0
+        self.pending_bytes = 0
         self.wait_deadline = None
         self.feed = None  # a replication feed: the connection streams records instead
         self.view_use: str | None = None  # `use` on a replica: this connection's view only
@@ -413,7 +417,7 @@ class MutationLoop:
             kind, s = item[0], item[1]
             if kind == "cmds":
                 s.pending.extend(item[2])
-                s.inflight -= item[3]
+                s.pending_bytes += item[3]
                 self._run(s)
             elif kind == "open":
                 self.sessions[s.id] = s
@@ -463,6 +467,9 @@ class MutationLoop:
             elif reply is not dispatch.NOREPLY:
                 s.out.append(reply)
                 s.out_mut.append(st.last_seq != seq0)
+        if not s.pending and s.pending_bytes:
+            s.inflight -= s.pending_bytes
+            s.pending_bytes = 0
 
     def _answer_wait(self, s: Session, reply: bytes) -> None:
         self.volatile(r.WaitStop, s.id)

@@ -36,16 +36,12 @@ import socket as stdsocket
 import trio
 
 from .loop import MutationLoop
-from .protocol import Parser, Put
+from .protocol import Parser
 
 log = logging.getLogger("smallstalk.server")
 
 RECV_SIZE = 65536
 MAX_QUEUED_BYTES = 1 << 20
-
-
-def _size(ev) -> int:
-    return len(ev.body) + 32 if type(ev) is Put else 32
 
 
 class _Connection:
@@ -55,6 +51,10 @@ class _Connection:
         sock = getattr(stream, "socket", None)
         self.fd = sock.fileno() if sock is not None else -1
         self.parser = Parser(max_job_size)
+        # Input bytes that became commands, for backpressure: all bytes read
+        # minus what the parser still holds, counted once per submitted batch.
+        self.read_bytes = 0
+        self.submitted_bytes = 0
         self.unsent = bytearray()  # replies the socket has not taken yet
         self.done = True  # nothing submitted is left unanswered
         self.closing = False  # quit: close once the replies are out
@@ -143,11 +143,15 @@ class _Connection:
                 lp.end_of_input(session)
                 self.changed.set()
                 return
-            self.parser.feed(data)
-            events = self.parser.events()
+            parser = self.parser
+            parser.feed(data)
+            self.read_bytes += len(data)
+            events = parser.events()
             if events:
                 self.done = False
-                lp.submit(session, events, sum(_size(ev) for ev in events))
+                used = self.read_bytes - parser.buffered()
+                lp.submit(session, events, used - self.submitted_bytes)
+                self.submitted_bytes = used
 
     async def flusher(self, cancel: trio.CancelScope) -> None:
         while True:
