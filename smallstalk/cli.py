@@ -82,13 +82,19 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
         pol = cfg.policies
         bodies = BodyStore(cfg.max_memory, (lambda tube: pol.of(tube).max_memory)
                            if pol.has_memory_budgets() else None)
-        rec = recover(cfg.data_dir, bodies=bodies)
+        # What recovery loads lives long: frozen, the cyclic collector's full
+        # passes do not walk it again and again (they stall the loop). Frozen
+        # before the collector is back on: it would first sweep every object
+        # recovery made, all still in its youngest generation (~0.3 s for 1M jobs).
+        gc.disable()
+        try:
+            rec = recover(cfg.data_dir, bodies=bodies)
+            gc.freeze()
+        finally:
+            gc.enable()
         for w in rec.warnings:
             log.warning("%s", w)
         state = rec.state
-        # What recovery loaded lives long: keep the cyclic collector's full
-        # passes from walking it again and again (they stall the loop).
-        gc.freeze()
         log.info("recovered %d jobs (snapshot %s + %d records) in %.2fs",
                  len(state.jobs), rec.snapshot.name if rec.snapshot else "none",
                  rec.records_replayed, trio.current_time() - started)
