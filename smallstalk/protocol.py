@@ -27,7 +27,7 @@ Memory is bounded: the parser holds at most one line (224 bytes) or one body
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import attrs
 
@@ -519,11 +519,32 @@ class _PutHeader:
     max_age: int = 0
 
 
+_ID, _U32 = rb"([0-9]{1,18})", rb"([0-9]{1,9})"  # digits that cannot pass the bound
+# A worker's everyday commands in their plain form (one space between plain
+# digits that cannot overflow): exactly what `_TABLE`'s parsers make of such
+# lines, without trying every prefix first (tests/test_protocol.py holds the
+# two to the same result).
+_PLAIN_ARGS: dict[bytes, tuple[re.Pattern, Callable]] = {
+    b"delete": (re.compile(_ID), lambda i: Delete(int(i))),
+    b"reserve-with-timeout": (re.compile(_U32), lambda t: Reserve(int(t))),
+    b"release": (re.compile(_ID + b" " + _U32 + b" " + _U32),
+                 lambda i, pri, delay: Release(int(i), int(pri), int(delay))),
+    b"bury": (re.compile(_ID + b" " + _U32), lambda i, pri: Bury(int(i), int(pri))),
+    b"touch": (re.compile(_ID), lambda i: Touch(int(i))),
+}
+
+
 def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHeader:
     """One command line (without CRLF) to a command, an error, or a put header."""
     exact = _EXACT.get(line)
     if exact is not None:
         return exact
+    word, space, rest = line.partition(b" ")
+    plain = _PLAIN_ARGS.get(word) if space else None
+    if plain is not None:
+        m = plain[0].fullmatch(rest)
+        if m is not None:
+            return plain[1](*m.groups())
     if 0 in line:
         return ErrorReply(BAD_FORMAT)
     m = _PUT.fullmatch(line)

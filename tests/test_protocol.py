@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from smallstalk import protocol as p
@@ -182,3 +182,36 @@ def test_byte_soup_never_raises_and_stays_bounded(pieces: list, chunk: int) -> N
         for ev in parser.events():
             assert isinstance(ev, (p.ErrorReply, *p.Command.__args__))
         assert parser.buffered() <= max(p.LINE_MAX, 65535 + 2) + chunk
+
+
+_PLAIN_WORDS = sorted(p._PLAIN_ARGS)
+
+
+@given(st.sampled_from(_PLAIN_WORDS),
+       st.lists(st.text("0123456789", min_size=0, max_size=21), min_size=0, max_size=4),
+       st.sampled_from([b" ", b"  ", b"\t"]), st.sampled_from([b"", b" ", b"x", b"-"]))
+@example(b"bury", ["1", "4294967296"], b" ", b"")  # past U32: BAD_FORMAT
+@example(b"release", ["1", "4294967295", "4294967296"], b" ", b"")
+@example(b"reserve-with-timeout", ["2147483648"], b" ", b"")  # wraps negative: no timeout
+@example(b"reserve-with-timeout", ["99999999999"], b" ", b"")
+@example(b"delete", ["18446744073709551616"], b" ", b"")  # past U64
+@example(b"touch", ["18446744073709551615"], b" ", b"")
+@settings(max_examples=400, deadline=None)
+def test_plain_argument_fast_path_parses_as_the_table_does(word, args, sep, tail) -> None:
+    """parse_line's shortcut for `delete 5`, `release 5 1 0` and the like must
+    give exactly what the general prefix table gives for the same line."""
+    line = word + b" " + sep.join(a.encode() for a in args) + tail
+    fast = p.parse_line(line, p.DEFAULT_MAX_JOB_SIZE)
+    saved = dict(p._PLAIN_ARGS)
+    p._PLAIN_ARGS.clear()
+    try:
+        general = p.parse_line(line, p.DEFAULT_MAX_JOB_SIZE)
+    finally:
+        p._PLAIN_ARGS.update(saved)
+    assert fast == general
+
+
+def test_plain_argument_fast_path_is_taken() -> None:
+    assert p.parse_line(b"release 12 1024 0", 100) == p.Release(12, 1024, 0)
+    assert p.parse_line(b"reserve-with-timeout 0", 100) == p.Reserve(0)
+    assert p.parse_line(b"delete 000123456789012345678", 100) == p.Delete(123456789012345678)
