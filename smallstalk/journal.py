@@ -86,7 +86,6 @@ class Journal:
         self._sync_gen = 0
         self.sync_asked = next_seq - 1  # the highest seq the fsync thread was asked for
         self.segment: SegmentWriter | None = None
-        self.appended_at: tuple[Path, int] | None = None  # (file, payload end) of the last append
         self._dirty = False  # written but not fsynced (interval mode)
         self.rotated = trio.Event()  # set when a segment closes (wakes the compactor)
         self._open_segment()
@@ -112,12 +111,14 @@ class Journal:
 
     def append_payload(self, payload: bytes, seq: int) -> None:
         """Stage an encoded record (`append` does the encoding)."""
+        self.segment.append(payload, seq)
+
+    def appended_at(self) -> tuple[Path, int]:
+        """(file, offset) where the last staged record's payload will end once
+        written (the file grows by whole frames from its size): read-behind
+        finds a put's body there, as the body is the record's last field."""
         seg = self.segment
-        seg.append(payload, seq)
-        # Where this record's payload will end in the file once written (the
-        # file grows by whole frames from seg.size): read-behind finds a put's
-        # body there, as the body is the record's last field.
-        self.appended_at = (seg.path, seg.size + len(seg.pending))
+        return seg.path, seg.size + len(seg.pending)
 
     def expect_seq(self, seq: int) -> None:
         """A replica logs the primary's seqs: take exactly this one next."""

@@ -270,7 +270,7 @@ class MutationLoop:
         if self.feeds:
             self._turn_payloads.append((rec.seq, payload))
         if self.bodies is not None and type(rec) in PUTS:
-            path, end = self.journal.appended_at
+            path, end = self.journal.appended_at()
             self._turn_puts.append((rec, path, end - len(rec.body)))
 
     def apply_replicated(self, records: list) -> None:
