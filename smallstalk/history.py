@@ -31,7 +31,7 @@ from typing import BinaryIO
 import attrs
 import cbor2
 
-from . import aof, records
+from . import aof, records, snapshot
 from .aof import FRAME, HEADER_SIZE, MAX_FRAME, CorruptionError, FrameScan
 
 log = logging.getLogger("smallstalk.history")
@@ -452,7 +452,8 @@ def iter_records(
 
 
 def iter_snapshot(path: Path, file: BinaryIO | None = None) -> Iterator[list]:
-    """A snapshot's items one by one (meta first), checked as `snapshot.read_items` does.
+    """A snapshot's items one by one (meta first), checked as `snapshot.read_items` does
+    (a format-3 `jobs` item comes as `job` items, too).
 
     Raises CorruptionError on damage, including a missing `end` frame; the
     error comes when the reader gets there, so a caller that needs a whole
@@ -486,6 +487,13 @@ def iter_snapshot(path: Path, file: BinaryIO | None = None) -> Iterator[list]:
                     raise CorruptionError(path, offset, last_seq, "item count mismatch")
                 return
             count += 1
+            if item[0] == "jobs":  # format 3: its jobs, as the `job` items of formats 1 and 2
+                try:
+                    jobs = snapshot.job_rows(item)
+                except ValueError as e:
+                    raise CorruptionError(path, offset, last_seq, str(e)) from None
+                yield from jobs
+                continue
             yield item
     finally:
         if file is None:

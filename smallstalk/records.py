@@ -23,7 +23,7 @@ from typing import ClassVar
 import attrs
 import cbor2
 
-FORMAT_VERSION = 2  # 2: PutJobs, Expire, DeleteTube; snapshot items for big tubes
+FORMAT_VERSION = 3  # 2: PutJobs, Expire, DeleteTube; snapshot items for big tubes. 3: `jobs` items
 
 
 @attrs.frozen(slots=True)

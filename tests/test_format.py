@@ -236,6 +236,9 @@ TYPE_CHECKS = {
     "text": lambda v: isinstance(v, str),
     "bytes": lambda v: isinstance(v, bytes),
     "uint[]": lambda v: isinstance(v, list) and all(isinstance(x, int) and x >= 0 for x in v),
+    "bytes[]": lambda v: isinstance(v, list) and all(isinstance(x, bytes) for x in v),
+    # a `jobs` item's rows; their fields are checked as `job` fields (doc_jobs)
+    "row[]": lambda v: isinstance(v, list) and all(isinstance(x, list) for x in v),
     "text[]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     "(uint,text)[]": lambda v: isinstance(v, list) and all(
         isinstance(x, list) and len(x) == 2 and TYPE_CHECKS["uint"](x[0])
@@ -276,7 +279,8 @@ def test_snapshot_item_table_matches_state_dump(tmp_path: Path) -> None:
     data = copy_data_dir(CURRENT / "log-only", tmp_path)
     items = list(recovery.recover(data, repair=False).state.dump())
     kinds = [as_doc_item(item)["kind"] for item in items]
-    assert set(kinds) | {"end"} == set(DOC_ITEMS)
+    # dump() has a `job` item per job; the snapshot writer makes `jobs` items of them
+    assert set(kinds) | {"end", "jobs"} == set(DOC_ITEMS)
     assert kinds[0] == "meta"
     assert sorted(DOC_ITEM_ORDER) == sorted(DOC_ITEMS) and DOC_ITEM_ORDER[-1] == "end"
     check_item_order(kinds)
@@ -336,11 +340,50 @@ def read_segment_doc(path: Path, version: int = 1) -> tuple[int, list[dict[str, 
     return first, out
 
 
+def byte_string_head(n: int) -> int:
+    """The README's head(n): bytes before a byte string's contents."""
+    return 1 if n < 24 else 2 if n < 256 else 3 if n < 65536 else 5 if n < 1 << 32 else 9
+
+
+def doc_jobs(data: bytes, offset: int, payload: bytes, item: dict[str, Any],
+             version: int) -> list[dict[str, Any]]:
+    """A `jobs` item's jobs as `job` item dicts; each body is checked to be
+    where the README's "Where a body is" puts it in the file."""
+    rows, bodies = item["rows"], item["bodies"]
+    assert 1 <= len(rows) == len(bodies) <= 128
+    names = [f for f in item_fields("job", version) if f[0] != "body"]
+    end = offset + FRAME_HEADER.size + len(payload)
+    starts = [0] * len(bodies)
+    for k in range(len(bodies) - 1, -1, -1):
+        starts[k] = end - len(bodies[k])
+        end = starts[k] - byte_string_head(len(bodies[k]))
+    out = []
+    for row, body, start in zip(rows, bodies, starts, strict=True):
+        assert data[start:start + len(body)] == body, (offset, row)
+        assert len(row) == len(names)
+        fields = dict(zip([n for n, _t, _u in names], row, strict=True))
+        job = as_doc_item(["job", *[fields.get(n, body) for n, _t, _u in
+                                    item_fields("job", version)]], version)
+        out.append(job)
+    return out
+
+
 def read_snapshot_doc(path: Path, version: int) -> tuple[int, list[dict[str, Any]]]:
     last_seq, frames = walk_frames(path, doc_magic("SNAPSHOT_MAGIC"), version)
     assert path.name == f"{last_seq:020d}.snap"
-    items = [as_doc_item(cbor2.loads(payload), version) for _offset, payload in frames]
-    assert items[-1] == {"kind": "end", "count": len(items) - 1}
+    data = path.read_bytes()
+    raw = [(offset, payload, as_doc_item(cbor2.loads(payload), version))
+           for offset, payload in frames]
+    assert raw[-1][2] == {"kind": "end", "count": len(raw) - 1}
+    kinds = {i["kind"] for _o, _p, i in raw}
+    # Format 3 writes jobs only in `jobs` items; earlier formats had no such item.
+    assert ("job" not in kinds) if version >= 3 else ("jobs" not in kinds), kinds
+    items = []
+    for offset, payload, item in raw:
+        if item["kind"] == "jobs":
+            items.extend(doc_jobs(data, offset, payload, item, version))
+        else:
+            items.append(item)
     assert [i["kind"] for i in items].count("end") == 1
     check_item_order([i["kind"] for i in items])
     assert items[0]["kind"] == "meta" and items[0]["last_seq"] == last_seq

@@ -188,14 +188,14 @@ data directory DATA (times in UTC)
 
 snapshots
   file                       seq  time                      jobs  tubes  conns   size  status
-  00000000000000000030.snap   30  {T}     4      3      2  473 B  ok (newest: start-up loads it)
+  00000000000000000030.snap   30  {T}     4      3      2  441 B  ok (newest: start-up loads it)
 
 segments
   file                      seqs    records  first record              last record               size  note
   00000000000000000031.aof  31..31        1  {T}  {T}  45 B  last (open while a server runs)
 
 1 segment: 1 record, seqs 31..31, 45 B
-1 snapshot: newest at seq 30, 473 B
+1 snapshot: newest at seq 30, 441 B
 seqs 1..30 are no longer in the log: folded away by the compactor into snapshots/00000000000000000030.snap (only the state is kept)
 """, "")
 
