@@ -36,6 +36,7 @@ import logging
 import math
 import os
 import time
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +55,14 @@ from .state import NS, State
 log = logging.getLogger("smallstalk.loop")
 
 RETRY_AFTER_FAILURE = 1.0  # seconds during which mutations are refused after a disk error
+# Records whose loss in a crash changes nothing a client was told: a restart
+# logs `Restart`, which releases every reservation anyway (beanstalkd does not
+# log reserves at all). Under --fsync always the reply to a command that
+# logged only these waits for what it reveals (the job's put, see `_job_need`),
+# not for the record itself; the next fsync covers it, at the latest LAZY_SYNC
+# seconds later.
+NEED_NO_SYNC = frozenset({r.Reserve})
+LAZY_SYNC = 0.005
 
 
 class Unavailable(Exception):
@@ -70,6 +79,7 @@ class Session:
     __slots__ = (
         "id", "pending", "out", "out_mut", "blocked", "halfclosed", "closing", "producer",
         "worker", "deliver", "wait_deadline", "feed", "view_use", "inflight", "pending_bytes",
+        "need",
     )
 
     def __init__(self, sid: int, deliver: Callable):
@@ -93,16 +103,23 @@ class Session:
         self.wait_deadline = None
         self.feed = None  # a replication feed: the connection streams records instead
         self.view_use: str | None = None  # `use` on a replica: this connection's view only
+        # Under --fsync always: the seq that must be durable before its replies
+        # so far may go. Never goes down, so its replies leave in order.
+        self.need = 0
 
 
 class Unsynced:
     """A turn whose records are written and not yet fsynced: what waits for it."""
 
-    __slots__ = ("seq", "seq0", "payloads", "calls", "deliveries")
+    __slots__ = ("seq", "seq0", "at", "payloads", "calls", "deliveries")
 
-    def __init__(self, seq: int, seq0: int, payloads: list, calls: list, deliveries: list):
+    def __init__(self, seq: int, seq0: int, at: float, payloads: list, calls: list,
+                 deliveries: list[tuple[int, tuple]]):
         self.seq, self.seq0 = seq, seq0  # last seq written at its end; last seq before it
-        self.payloads, self.calls, self.deliveries = payloads, calls, deliveries
+        self.at = at  # when it was written (trio time): a lazy fsync comes by LAZY_SYNC
+        self.payloads, self.calls = payloads, calls  # wait for the whole turn to be durable
+        # (need, delivery) not sent yet: each goes once `need` is durable (Session.need).
+        self.deliveries = deliveries
 
 
 class Parked:
@@ -156,6 +173,16 @@ class MutationLoop:
         self.replica_ack_timeout = replica_ack_timeout
         self._parked: deque[Parked] = deque()
         self._unsynced: deque[Unsynced] = deque()  # turns waiting for the fsync thread
+        # Per-session reply needs (Session.need), kept under --fsync always only.
+        self._track_needs = False
+        # The last seq staged that replies must wait for (not a NEED_NO_SYNC record).
+        self._must_sync = state.last_seq
+        # What a reserve's reply reveals: puts and kicks not known durable yet.
+        # Unsynced puts are the newest jobs, so ids and seqs both ascend.
+        self._put_ids: list[int] = []  # highest job id each staged put made
+        self._put_seqs: list[int] = []
+        self._kick_seq = 0
+        self._revealed: int | None = None  # set by staging a NEED_NO_SYNC record
         self._turn_payloads: list[tuple[int, bytes]] = []
         self._turn_seq0 = state.last_seq
         self.follower = None  # replica.Follower, on a replica
@@ -261,17 +288,66 @@ class MutationLoop:
         now = self.now
         payload = r.encode_put(seq, now, conn, job_id, tube, pri, delay, ttr, body)
         j.append_payload(payload, seq)
+        self._must_sync = seq
+        if self._track_needs:
+            self._put_ids.append(job_id)
+            self._put_seqs.append(seq)
         if self.feeds:
             self._turn_payloads.append((seq, payload))
         self.state.apply_put(seq, now, conn, job_id, tube, pri, delay, ttr, body)
 
     def _stage(self, rec: r.Record) -> None:
         payload = self.journal.append(rec)
+        kind = type(rec)
+        if kind in NEED_NO_SYNC and not self.min_replica_acks:
+            self._revealed = self._job_need(rec.id)
+        else:
+            self._must_sync = rec.seq
+            if self._track_needs:
+                self._track(rec, kind)
         if self.feeds:
             self._turn_payloads.append((rec.seq, payload))
         if self.bodies is not None and type(rec) in PUTS:
             path, end = self.journal.appended_at()
             self._turn_puts.append((rec, path, end - len(rec.body)))
+
+    def _track(self, rec: r.Record, kind: type) -> None:
+        """Remember staged puts and kicks: a reserve's reply waits for them."""
+        if kind is r.Put:
+            top = rec.id
+        elif kind is r.PutJobs and rec.jobs:
+            top = rec.jobs[-1][0]
+        else:
+            if kind is r.Kick:
+                self._kick_seq = rec.seq
+            return
+        self._put_ids.append(top)
+        self._put_seqs.append(rec.seq)
+
+    def _job_need(self, job_id: int) -> int:
+        """The seq that must be durable before a reply reveals job `job_id`:
+        its put, and any unsynced kick (a crash would bury the job again)."""
+        ids = self._put_ids
+        if not ids or job_id < ids[0]:
+            return self._kick_seq  # its put is durable
+        i = bisect_left(ids, job_id)
+        need = self._put_seqs[i] if i < len(ids) else self._must_sync
+        return max(need, self._kick_seq)
+
+    def _forget_durable(self, durable: int) -> None:
+        seqs = self._put_seqs
+        if seqs and seqs[0] <= durable:
+            k = bisect_right(seqs, durable)
+            del seqs[:k], self._put_ids[:k]
+
+    def _note_need(self, s: Session, must0: int) -> None:
+        """After a command of `s` ran: what its reply waits for. A command
+        that logged only a reserve waits for the job it reveals; any other for
+        everything staged so far that needs an fsync (what it may have seen)."""
+        revealed, self._revealed = self._revealed, None
+        need = self._must_sync if revealed is None or self._must_sync != must0 else revealed
+        if need > s.need:
+            s.need = need
 
     def apply_replicated(self, records: list) -> None:
         """A replica's way in: the primary's records, with the primary's seqs."""
@@ -350,6 +426,7 @@ class MutationLoop:
             await self._run_turns()
             return
         syncer = j.start_syncer()
+        self._track_needs = True
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_syncs, syncer.done_fd)
@@ -393,6 +470,10 @@ class MutationLoop:
         wait = self._seconds_to_state_deadline()
         if self._parked:
             left = max(self._parked[0].deadline - trio.current_time(), 0.0)
+            wait = left if wait is None else min(wait, left)
+        if self._unsynced and not self.journal.syncing:
+            # Only records that needed no fsync wait: their lazy one is due.
+            left = max(self._unsynced[0].at + LAZY_SYNC - trio.current_time(), 0.0)
             wait = left if wait is None else min(wait, left)
         return wait
 
@@ -444,9 +525,12 @@ class MutationLoop:
         self._touched[s.id] = s
         handlers = dispatch.HANDLERS
         st = self.state
+        track = self._track_needs
         while s.pending and not s.blocked and not s.closing:
             cmd = s.pending.popleft()
             seq0 = st.last_seq
+            must0 = self._must_sync
+            self._revealed = None
             try:
                 if self.read_only and type(cmd) in dispatch.MUTATING:
                     raise ReadOnly(self.read_only)
@@ -467,11 +551,15 @@ class MutationLoop:
             elif reply is not dispatch.NOREPLY:
                 s.out.append(reply)
                 s.out_mut.append(st.last_seq != seq0)
+            if track:
+                self._note_need(s, must0)
         if not s.pending and s.pending_bytes:
             s.inflight -= s.pending_bytes
             s.pending_bytes = 0
 
     def _answer_wait(self, s: Session, reply: bytes) -> None:
+        if self._must_sync > s.need:
+            s.need = self._must_sync
         self.volatile(r.WaitStop, s.id)
         s.blocked = False
         s.out.append(reply)
@@ -544,7 +632,11 @@ class MutationLoop:
             if s is None:  # cannot happen: closing a session stops its wait
                 self.volatile(r.WaitStop, cid)
                 continue
+            must0 = self._must_sync
+            self._revealed = None
             self.log(r.Reserve, cid, job.id)
+            if self._track_needs:
+                self._note_need(s, must0)
             s.blocked = False
             try:
                 s.out.append(p.job_reply(b"RESERVED", job.id, self.body_of(job)))
@@ -612,18 +704,24 @@ class MutationLoop:
             if self._turn_puts:
                 self._spill()
         self._turn_puts = []
-        turn = Unsynced(j.written_seq, self._turn_seq0, self._turn_payloads, calls,
-                        self._collect())
+        written = j.written_seq
+        # Never past what is written (after a disk error seqs are taken again).
+        deliveries = [(min(d[0].need, written), d) for d in self._collect()]
+        need = written if calls else max((n for n, _ in deliveries), default=0)
+        now = trio.current_time()
+        turn = Unsynced(written, self._turn_seq0, now, self._turn_payloads, calls, deliveries)
         self._turn_payloads = []
         if turn.seq <= j.committed_seq:
             self._synced(turn)  # nothing of it or before it waits for the disk
             return
         self._unsynced.append(turn)
         try:
-            if not j.syncing:
+            if not j.syncing and (need > j.committed_seq
+                                  or now - self._unsynced[0].at >= LAZY_SYNC):
                 self._sync_written()
-            # else the fsync thread is busy: this turn waits for its answer,
-            # and then for the fsync that covers it (`_sync_answered`).
+            # Else the fsync thread is busy (this turn waits for its answer,
+            # then for the fsync that covers it: `_sync_answered`), or no
+            # reply of the turn waits for its records (only reserves).
             if j.segment_full():
                 j.wait_for_syncs()  # rotation needs the old segment durable
                 j.rotate_now()  # before the replies, as `Journal.commit` does
@@ -653,9 +751,15 @@ class MutationLoop:
         self._release_synced(j.committed_seq)
 
     def _release_synced(self, durable: int) -> None:
+        self._forget_durable(durable)
         q = self._unsynced
         while q and q[0].seq <= durable:
             self._synced(q.popleft())
+        for turn in q:  # replies whose need is durable, in turn order
+            ready = [d for need, d in turn.deliveries if need <= durable]
+            if ready:
+                turn.deliveries = [(n, d) for n, d in turn.deliveries if n > durable]
+                self._reply(ready, turn.seq, turn.seq0)
 
     def _synced(self, turn: Unsynced) -> None:
         if turn.payloads:
@@ -663,7 +767,8 @@ class MutationLoop:
                 feed.push(turn.payloads)
         for _box, done in turn.calls:
             done.set()
-        self._reply(turn.deliveries, turn.seq, turn.seq0)
+        if turn.deliveries:
+            self._reply([d for _need, d in turn.deliveries], turn.seq, turn.seq0)
 
     def _sync_failed(self, e: JournalError) -> None:
         """An fsync failed: every turn waiting for one is answered INTERNAL_ERROR
@@ -675,7 +780,7 @@ class MutationLoop:
             for box, done in turn.calls:
                 box[:] = [e]
                 done.set()
-            for s, out, _mut, done, closing in turn.deliveries:
+            for _need, (s, out, _mut, done, closing) in turn.deliveries:
                 _deliver((s, [p.INTERNAL_ERROR] * len(out), [False] * len(out), done, closing))
         self._reload_state()
 
@@ -757,7 +862,11 @@ class MutationLoop:
         self.state = recover(self.data_dir, repair=False, bodies=self.bodies).state
         if old is not None:
             old.close()  # the references of the state we dropped
+        # What was staged and not acknowledged is gone, and its seqs come again.
+        self._must_sync = self.state.last_seq
+        self._put_ids, self._put_seqs, self._kick_seq = [], [], 0
         for s in self.sessions.values():
+            s.need = 0
             self.volatile(r.Connect, s.id)
             if s.blocked:
                 self.volatile(r.WaitStart, s.id, s.wait_deadline)

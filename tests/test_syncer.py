@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from smallstalk.journal import INLINE_SYNC_RECORDS, Journal
-from smallstalk.loop import RETRY_AFTER_FAILURE, MutationLoop
+from smallstalk.loop import LAZY_SYNC, RETRY_AFTER_FAILURE, MutationLoop
 from smallstalk.recovery import recover
 from smallstalk.syncer import Syncer
 
@@ -123,3 +123,100 @@ async def test_failed_fsync_answers_internal_error_and_keeps_what_was_acknowledg
     jid = int(reply.split()[1])
     assert jid > MANY
     assert jid in recover(tmp_path, repair=False).state.jobs
+
+
+async def test_a_reserve_answers_before_its_record_is_fsynced(tmp_path, nursery, autojump_clock):
+    """A Reserve lost in a crash changes nothing a client was told (the restart
+    releases every reservation, as beanstalkd, which never logs reserves): its
+    reply does not wait for an fsync, and a lazy fsync follows within LAZY_SYNC."""
+    lp = start(tmp_path)
+    nursery.start_soon(lp.run)
+    c = Client(lp)
+    assert await c.ask(b"put 0 0 60 1\r\nx\r\n") == b"INSERTED 1\r\n"
+    j = lp.journal
+    assert j.committed_seq == j.written_seq  # the put waited for its fsync
+    assert await c.ask(b"reserve-with-timeout 0\r\n") == b"RESERVED 1 1\r\nx\r\n"
+    assert j.written_seq == j.committed_seq + 1  # answered with the Reserve unsynced
+    await trio.sleep(LAZY_SYNC * 2)
+    assert j.committed_seq == j.written_seq
+    # The delete waits for its own fsync, which covers everything before it.
+    assert await c.ask(b"delete 1\r\n") == b"DELETED\r\n"
+    assert j.committed_seq == j.written_seq
+    assert recover(tmp_path, repair=False).state.jobs == {}
+
+
+async def test_a_reserve_of_an_unsynced_put_waits_for_it(tmp_path, nursery, autojump_clock):
+    gate = Gate()
+    lp = start(tmp_path, gate)
+    nursery.start_soon(lp.run)
+    producer, worker = Client(lp), Client(lp)
+    producer.send(puts(MANY, b"p"))
+    assert await trio.to_thread.run_sync(gate.entered.wait, 10)
+    worker.send(b"reserve-with-timeout 0\r\n")
+    await trio.testing.wait_all_tasks_blocked()
+    # The job it would get is not on disk yet: no RESERVED before the fsync.
+    assert worker.outbox.statistics().current_buffer_used == 0
+    gate.open.set()
+    assert await producer.recv() == inserted(1, MANY)
+    assert await worker.recv() == b"RESERVED 1 3\r\np00\r\n"
+
+
+def nothing_answered(c: Client) -> bool:
+    return c.outbox.statistics().current_buffer_used == 0
+
+
+async def test_a_reserve_of_a_durable_job_does_not_wait_for_other_records(tmp_path, nursery,
+                                                                          autojump_clock):
+    """What a RESERVED reply reveals is the job: once its put is durable the
+    reply goes, however many other connections' records wait for an fsync."""
+    gate = Gate()
+    lp = start(tmp_path, gate)
+    nursery.start_soon(lp.run)
+    producer, worker = Client(lp), Client(lp)
+    assert await worker.ask(b"put 0 0 60 1\r\nx\r\n") == b"INSERTED 1\r\n"  # inline fsync
+    producer.send(puts(MANY, b"p"))
+    assert await trio.to_thread.run_sync(gate.entered.wait, 10)
+    assert await worker.ask(b"reserve-with-timeout 0\r\n") == b"RESERVED 1 1\r\nx\r\n"
+    assert nothing_answered(producer)  # its puts still wait for the held fsync
+    gate.open.set()
+    assert await producer.recv() == inserted(2, MANY)
+
+
+async def test_a_reserve_of_a_kicked_job_waits_for_the_kick(tmp_path, nursery, autojump_clock):
+    """A kick lost in a crash buries the job again: a worker is not handed a
+    kicked job before the kick is on disk."""
+    gate = Gate()
+    lp = start(tmp_path, gate)
+    nursery.start_soon(lp.run)
+    producer, worker = Client(lp), Client(lp)
+    assert await worker.ask(b"put 0 0 60 1\r\nx\r\n") == b"INSERTED 1\r\n"
+    assert await worker.ask(b"reserve-with-timeout 0\r\n") == b"RESERVED 1 1\r\nx\r\n"
+    assert await worker.ask(b"bury 1 0\r\n") == b"BURIED\r\n"
+    # Lower-priority puts fill the turn so its fsync goes to the (held) thread.
+    producer.send(b"".join(b"put 5 0 60 3\r\np%02d\r\n" % i for i in range(MANY))
+                  + b"kick 1\r\n")
+    assert await trio.to_thread.run_sync(gate.entered.wait, 10)
+    worker.send(b"reserve-with-timeout 0\r\n")
+    await trio.testing.wait_all_tasks_blocked()
+    assert nothing_answered(worker)
+    gate.open.set()
+    assert await producer.recv() == inserted(2, MANY) + b"KICKED 1\r\n"
+    assert await worker.recv() == b"RESERVED 1 1\r\nx\r\n"
+
+
+async def test_replies_to_one_connection_keep_their_order(tmp_path, nursery, autojump_clock):
+    """A reserve that needs no wait does not overtake the same connection's
+    earlier reply that still waits for the disk."""
+    gate = Gate()
+    lp = start(tmp_path, gate)
+    nursery.start_soon(lp.run)
+    a = Client(lp)
+    assert await a.ask(b"put 0 0 60 1\r\nx\r\n") == b"INSERTED 1\r\n"
+    a.send(puts(MANY, b"p"))
+    assert await trio.to_thread.run_sync(gate.entered.wait, 10)
+    a.send(b"reserve-with-timeout 0\r\n")  # would get job 1, whose put is durable
+    await trio.testing.wait_all_tasks_blocked()
+    assert nothing_answered(a)
+    gate.open.set()
+    assert await a.recv() == inserted(2, MANY)
+    assert await a.recv() == b"RESERVED 1 1\r\nx\r\n"
