@@ -1076,7 +1076,8 @@ class State:
             if kind == "jobs":
                 # Format 3. The per-job code is the `job` branch's again: a
                 # shared path that made a row of each `job` item cost format-2
-                # loads ~10%.
+                # loads ~10%; turning each `job` item into a one-row `jobs`
+                # doubled State.load's time for them (0.25 -> 0.54 s, 300k jobs).
                 for (jid, tube, pri, delay, ttr, st, created, deadline, reserver, reserves,
                      timeouts, releases, buries, kicks, exp), body in zip(
                         item[1], item[2], strict=True):
