@@ -49,3 +49,31 @@ async def test_commands_behind_a_waiting_reserve_are_not_read_without_bound(nurs
     assert got.startswith(b"RESERVED 1 1\r\nx\r\nINSERTED 2\r\nINSERTED 3\r\n")
     await client.aclose()
     await other.aclose()
+
+
+async def test_a_throttled_connection_that_hangs_up_is_cleaned_up(nursery) -> None:
+    """While throttled, a connection is out of the poller's set: its hang-up
+    is seen once its backlog moves again, and nothing else is held up."""
+    lp = make_loop()
+    nursery.start_soon(lp.run)
+    listeners = await open_listeners("127.0.0.1", 0)
+    nursery.start_soon(serve_listeners, lp, listeners, p.DEFAULT_MAX_JOB_SIZE)
+    port = listeners[0].socket.getsockname()[1]
+    client = await trio.open_tcp_stream("127.0.0.1", port)
+    await client.send_all(b"reserve\r\n")
+    chunk = b"put 0 0 60 60000\r\n%s\r\n" % (b"x" * 60_000) * 16
+    with trio.move_on_after(3):
+        for _ in range(OFFERED // len(chunk)):
+            await client.send_all(chunk)
+    await client.aclose()
+    other = await trio.open_tcp_stream("127.0.0.1", port)
+    await other.send_all(b"put 0 0 60 1\r\ny\r\n")
+    assert await other.receive_some(100) == b"INSERTED 1\r\n"
+    with trio.fail_after(20):  # bounded: the dead connection's session must go
+        while len(lp.sessions) > 1:
+            await trio.sleep(0.01)
+    # The job went to the dead client's reserve, and came back when it closed.
+    await other.send_all(b"stats-job 1\r\n")
+    stats = await other.receive_some(4096)
+    assert b"state: ready\n" in stats and b"reserves: 1\n" in stats
+    await other.aclose()
