@@ -29,8 +29,8 @@ the parser.
 A client that hangs up or half-closes is noticed at once, also while a reserve
 waits (beanstalkd answers TIMED_OUT then); the connection closes when every
 command before the end of input is answered. A replication feed (`replicate`)
-hands the connection a Feed: the flusher streams it while the reader passes
-the replica's acks on.
+hands the connection a Feed: the flusher streams it while its reading (the
+poller's) passes the replica's acks on.
 """
 
 from __future__ import annotations
