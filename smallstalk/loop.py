@@ -718,6 +718,9 @@ class MutationLoop:
         try:
             if not j.syncing and (need > j.committed_seq
                                   or now - self._unsynced[0].at >= LAZY_SYNC):
+                # Replies that wait for nothing unsynced (reserves) go before
+                # an inline fsync holds this thread for a disk round trip.
+                self._release_synced(j.committed_seq)
                 self._sync_written()
             # Else the fsync thread is busy (this turn waits for its answer,
             # then for the fsync that covers it: `_sync_answered`), or no

@@ -220,3 +220,30 @@ async def test_replies_to_one_connection_keep_their_order(tmp_path, nursery, aut
     gate.open.set()
     assert await a.recv() == inserted(2, MANY)
     assert await a.recv() == b"RESERVED 1 1\r\nx\r\n"
+
+
+async def test_a_reserve_answers_before_the_inline_fsync_of_its_turn(tmp_path, nursery,
+                                                                     autojump_clock):
+    """A turn with a put (which needs an fsync) and a reserve of a durable job:
+    the RESERVED goes out before the fsync holds the loop's thread."""
+    lp = start(tmp_path)
+    nursery.start_soon(lp.run)
+    producer, worker = Client(lp), Client(lp)
+    assert await worker.ask(b"put 0 0 60 1\r\nx\r\n") == b"INSERTED 1\r\n"
+    j = lp.journal
+    seen: list[tuple[bytes, int, int]] = []  # (reply, committed, written) when delivered
+    for c in (producer, worker):
+        deliver = c.session.deliver
+
+        def spy(blob, done, close, deliver=deliver):
+            seen.append((blob, j.committed_seq, j.written_seq))
+            deliver(blob, done, close)
+
+        c.session.deliver = spy
+    producer.send(b"put 5 0 60 1\r\ny\r\n")  # both reach the loop in one turn
+    worker.send(b"reserve-with-timeout 0\r\n")
+    assert await worker.recv() == b"RESERVED 1 1\r\nx\r\n"
+    assert await producer.recv() == b"INSERTED 2\r\n"
+    (first, committed, written), (second, committed2, _) = seen
+    assert first.startswith(b"RESERVED") and committed < written  # before the fsync
+    assert second == b"INSERTED 2\r\n" and committed2 == written
