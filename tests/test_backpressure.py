@@ -11,19 +11,15 @@ from __future__ import annotations
 import trio
 
 from smallstalk import protocol as p
-from smallstalk.server import MAX_QUEUED_BYTES, RECV_SIZE, open_listeners, serve_listeners
+from smallstalk.server import MAX_QUEUED_BYTES, RECV_SIZE
 
-from .harness import make_loop
+from .harness import serve_on_loopback
 
 OFFERED = 64 << 20  # what the client tries to send: far past every buffer
 
 
 async def test_commands_behind_a_waiting_reserve_are_not_read_without_bound(nursery) -> None:
-    lp = make_loop()
-    nursery.start_soon(lp.run)
-    listeners = await open_listeners("127.0.0.1", 0)
-    nursery.start_soon(serve_listeners, lp, listeners, p.DEFAULT_MAX_JOB_SIZE)
-    port = listeners[0].socket.getsockname()[1]
+    lp, port = await serve_on_loopback(nursery)
     client = await trio.open_tcp_stream("127.0.0.1", port)
     await client.send_all(b"reserve\r\n")  # no job: it waits, and so does all after it
     body = b"x" * 60_000
@@ -54,11 +50,7 @@ async def test_commands_behind_a_waiting_reserve_are_not_read_without_bound(nurs
 async def test_a_throttled_connection_that_hangs_up_is_cleaned_up(nursery) -> None:
     """While throttled, a connection is out of the poller's set: its hang-up
     is seen once its backlog moves again, and nothing else is held up."""
-    lp = make_loop()
-    nursery.start_soon(lp.run)
-    listeners = await open_listeners("127.0.0.1", 0)
-    nursery.start_soon(serve_listeners, lp, listeners, p.DEFAULT_MAX_JOB_SIZE)
-    port = listeners[0].socket.getsockname()[1]
+    lp, port = await serve_on_loopback(nursery)
     client = await trio.open_tcp_stream("127.0.0.1", port)
     await client.send_all(b"reserve\r\n")
     chunk = b"put 0 0 60 60000\r\n%s\r\n" % (b"x" * 60_000) * 16

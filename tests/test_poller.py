@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import trio
 
-from smallstalk import protocol as p
-from smallstalk.server import open_listeners, serve_listeners
-
-from .harness import make_loop
+from .harness import serve_on_loopback
 
 
 async def recv_until(stream: trio.SocketStream, end: bytes) -> bytes:
@@ -23,11 +20,7 @@ async def recv_until(stream: trio.SocketStream, end: bytes) -> bytes:
 
 
 async def test_replies_reach_their_own_connection_while_fds_are_reused(nursery) -> None:
-    lp = make_loop()
-    nursery.start_soon(lp.run)
-    listeners = await open_listeners("127.0.0.1", 0)
-    nursery.start_soon(serve_listeners, lp, listeners, p.DEFAULT_MAX_JOB_SIZE)
-    port = listeners[0].socket.getsockname()[1]
+    lp, port = await serve_on_loopback(nursery)
     steady = await trio.open_tcp_stream("127.0.0.1", port)
     for i in range(40):
         # Each short-lived connection closes before the next opens: the server
