@@ -344,7 +344,7 @@ class MutationLoop:
         """After a command of `s` ran: what its reply waits for. A command
         that logged only a reserve waits for the job it reveals; any other for
         everything staged so far that needs an fsync (what it may have seen)."""
-        revealed, self._revealed = self._revealed, None
+        revealed = self._revealed  # reset before each command (`_run`, `grant_waiters`)
         need = self._must_sync if revealed is None or self._must_sync != must0 else revealed
         if need > s.need:
             s.need = need
