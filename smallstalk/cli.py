@@ -15,20 +15,27 @@ import sys
 
 import trio
 
-from . import compactor
-from . import records as r
-from .aof import FSYNC_INTERVAL
-from .bodies import BodyStore
-from .config import SERVE_HELP, VERSION, ServeConfig, UsageError, parse_serve, server_changes
-from .journal import Journal
-from .launch import listen_address
-from .loop import MutationLoop
-from .policy import ConfigError
-from .recovery import recover
-from .replica import Follower
-from .replication import new_history
-from .server import open_listeners, serve_listeners
-from .state import State
+from smallstalk.config import (
+    SERVE_HELP,
+    VERSION,
+    ServeConfig,
+    UsageError,
+    parse_serve,
+    server_changes,
+)
+from smallstalk.core import records as r
+from smallstalk.core.state import State
+from smallstalk.launch import listen_address
+from smallstalk.replication.feed import new_history
+from smallstalk.replication.follower import Follower
+from smallstalk.server.connection import open_listeners, serve_listeners
+from smallstalk.server.loop import MutationLoop
+from smallstalk.server.policy import ConfigError
+from smallstalk.storage import compactor
+from smallstalk.storage.aof import FSYNC_INTERVAL
+from smallstalk.storage.bodies import BodyStore
+from smallstalk.storage.journal import Journal
+from smallstalk.storage.recovery import recover
 
 log = logging.getLogger("smallstalk")
 
@@ -54,12 +61,12 @@ Commands:
 # Commands that live in their own modules: "module:function", imported on use
 # so the server never loads the tools (or PySpark) it does not need.
 TOOL_COMMANDS = {
-    "aof": "smallstalk.tools:main_aof",
-    "replay": "smallstalk.tools:main_replay",
-    "job-history": "smallstalk.tools:main_job_history",
+    "aof": "smallstalk.ops.tools:main_aof",
+    "replay": "smallstalk.ops.tools:main_replay",
+    "job-history": "smallstalk.ops.tools:main_job_history",
     "analyze": "smallstalk.analytics:main",
     "worker": "smallstalk.worker:main",
-    "config": "smallstalk.configcmd:main",
+    "config": "smallstalk.ops.config_dump:main",
 }
 
 

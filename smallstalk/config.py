@@ -14,9 +14,16 @@ from typing import Any
 
 import attrs
 
-from . import protocol
-from .aof import FSYNC_ALWAYS, FSYNC_INTERVAL, FSYNC_NEVER
-from .policy import ConfigError, Policies, parse_duration, parse_size, policies_from, read_toml
+from smallstalk.core import protocol
+from smallstalk.server.policy import (
+    ConfigError,
+    Policies,
+    parse_duration,
+    parse_size,
+    policies_from,
+    read_toml,
+)
+from smallstalk.storage.aof import FSYNC_ALWAYS, FSYNC_INTERVAL, FSYNC_NEVER
 
 VERSION = "0.1.0"
 

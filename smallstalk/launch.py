@@ -89,6 +89,6 @@ def main(argv: list[str] | None = None) -> int:
         sock = _bind_early(argv)
     elif argv[0] == "serve":
         sock = _bind_early(argv[1:])
-    from .cli import main as cli_main
+    from smallstalk.cli import main as cli_main
 
     return cli_main(argv, listen_socket=sock)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import trio
 
-from smallstalk import protocol as p
-from smallstalk.journal import FSYNC_NEVER, Journal
-from smallstalk.loop import MutationLoop
-from smallstalk.state import State
+from smallstalk.core import protocol as p
+from smallstalk.core.state import State
+from smallstalk.server.loop import MutationLoop
+from smallstalk.storage.journal import FSYNC_NEVER, Journal
 
 EPOCH = 1_700_000_000 * 10**9  # wall-clock origin of the tests' clock (ns)
 
@@ -71,7 +71,7 @@ def make_loop(data_dir: Path | None = None, **journal_kw) -> MutationLoop:
     journal = None
     state = State()
     if data_dir is not None:
-        from smallstalk.recovery import recover
+        from smallstalk.storage.recovery import recover
 
         state = recover(data_dir).state
         journal = Journal(data_dir, state.last_seq + 1, fsync=journal_kw.pop("fsync", FSYNC_NEVER),
@@ -81,7 +81,7 @@ def make_loop(data_dir: Path | None = None, **journal_kw) -> MutationLoop:
 
 async def serve_on_loopback(nursery: trio.Nursery) -> tuple[MutationLoop, int]:
     """An in-memory loop and the real server in front of it on 127.0.0.1: (loop, port)."""
-    from smallstalk.server import open_listeners, serve_listeners
+    from smallstalk.server.connection import open_listeners, serve_listeners
 
     lp = make_loop()
     nursery.start_soon(lp.run)

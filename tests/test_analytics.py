@@ -55,11 +55,11 @@ pytest.importorskip("pyarrow")
 import pyarrow as pa  # noqa: E402
 import pyarrow.dataset as ds  # noqa: E402
 
-from smallstalk import aof, compactor, snapshot  # noqa: E402
-from smallstalk import records as r  # noqa: E402
 from smallstalk.analytics import gen, report, source  # noqa: E402
-from smallstalk.recovery import recover  # noqa: E402
-from smallstalk.state import BURIED, DELAYED, READY, RESERVED, State  # noqa: E402
+from smallstalk.core import records as r  # noqa: E402
+from smallstalk.core.state import BURIED, DELAYED, READY, RESERVED, State  # noqa: E402
+from smallstalk.storage import aof, compactor, snapshot  # noqa: E402
+from smallstalk.storage.recovery import recover  # noqa: E402
 
 from .bsclient import Client, Reply, connect, put_cmd  # noqa: E402
 from .procs import start_smallstalk  # noqa: E402

@@ -11,9 +11,10 @@ from pathlib import Path
 import attrs
 import pytest
 
-from smallstalk import aof, records, recovery, snapshot
-from smallstalk.aof import CorruptionError
-from smallstalk.state import STATE_NAMES, State
+from smallstalk.core import records
+from smallstalk.core.state import STATE_NAMES, State
+from smallstalk.storage import aof, recovery, snapshot
+from smallstalk.storage.aof import CorruptionError
 
 from .bsclient import Client, connect, peek_ids, put_cmd, stats_jobs
 from .procs import REPO, Server, free_port, smallstalk_cmd, start_smallstalk

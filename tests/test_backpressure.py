@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import trio
 
-from smallstalk import protocol as p
-from smallstalk.server import MAX_QUEUED_BYTES, RECV_SIZE
+from smallstalk.core import protocol as p
+from smallstalk.server.connection import MAX_QUEUED_BYTES, RECV_SIZE
 
 from .harness import serve_on_loopback
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import trio
 
-from smallstalk import protocol as p
-from smallstalk import records as r
-from smallstalk.policy import Policies, TubePolicy
-from smallstalk.recovery import recover
+from smallstalk.core import protocol as p
+from smallstalk.core import records as r
+from smallstalk.server.policy import Policies, TubePolicy
+from smallstalk.storage.recovery import recover
 
 from .harness import Client, make_loop
 
@@ -298,7 +298,7 @@ async def test_replica_refuses_delete_tube(tmp_path, nursery, autojump_clock) ->
 
 
 def _records(data_dir) -> list:
-    from smallstalk import aof
+    from smallstalk.storage import aof
 
     out = []
     for _first, path in aof.list_segments(data_dir / "aof"):

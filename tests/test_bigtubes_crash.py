@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from smallstalk import recovery
+from smallstalk.storage import recovery
 
 from .bsclient import Client, connect, peek_ids, stats_jobs
 from .procs import Server, start_smallstalk, wait_for

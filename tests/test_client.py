@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 import trio
 
-from smallstalk import protocol as p
 from smallstalk.client import (
     AsyncClient,
     BadFormat,
@@ -50,6 +49,7 @@ from smallstalk.client import (
     normalize_address,
     resolve_servers,
 )
+from smallstalk.core import protocol as p
 
 from .procs import Server, beanstalkd_path, free_port, start_beanstalkd, start_smallstalk
 

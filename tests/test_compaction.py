@@ -6,8 +6,8 @@ from pathlib import Path
 
 import greenstalk
 
-from smallstalk import aof
-from smallstalk.recovery import recover
+from smallstalk.storage import aof
+from smallstalk.storage.recovery import recover
 
 from .procs import start_smallstalk, wait_for
 

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from smallstalk import cli, configcmd
-from smallstalk.aof import FSYNC_ALWAYS, FSYNC_INTERVAL, FSYNC_NEVER
+from smallstalk import cli
 from smallstalk.config import (
     SERVE_HELP,
     ServeConfig,
@@ -21,7 +20,9 @@ from smallstalk.config import (
     server_changes,
 )
 from smallstalk.launch import listen_address
-from smallstalk.policy import TubePolicy, render
+from smallstalk.ops import config_dump as configcmd
+from smallstalk.server.policy import TubePolicy, render
+from smallstalk.storage.aof import FSYNC_ALWAYS, FSYNC_INTERVAL, FSYNC_NEVER
 
 from .bsclient import Client, put_cmd
 from .procs import REPO, Server, free_port, smallstalk_cmd, wait_for, wait_for_log
@@ -503,7 +504,7 @@ def test_the_documented_example_is_a_valid_file(tmp_path: Path) -> None:
 
 def test_every_key_is_documented() -> None:
     from smallstalk.config import SERVER_KEYS
-    from smallstalk.policy import TUBE_KEYS
+    from smallstalk.server.policy import TUBE_KEYS
 
     doc = (REPO / "docs" / "CONFIG.md").read_text()
     for key in [*SERVER_KEYS, *TUBE_KEYS]:

@@ -17,8 +17,9 @@ from pathlib import Path
 import attrs
 import pytest
 
-from smallstalk import aof, records, recovery
-from smallstalk.aof import CorruptionError
+from smallstalk.core import records
+from smallstalk.storage import aof, recovery
+from smallstalk.storage.aof import CorruptionError
 
 from .bsclient import Client, Reply, connect, peek_ids, stats_jobs
 from .procs import Server, start_smallstalk, wait_for

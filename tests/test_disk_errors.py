@@ -12,8 +12,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from smallstalk import aof
-from smallstalk.loop import RETRY_AFTER_FAILURE
+from smallstalk.server.loop import RETRY_AFTER_FAILURE
+from smallstalk.storage import aof
 
 from .bsclient import Client, Reply, connect, peek_ids, stats_jobs
 from .procs import Server, start_smallstalk, wait_for

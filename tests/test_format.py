@@ -23,8 +23,9 @@ import attrs
 import cbor2
 import pytest
 
-from smallstalk import aof, compactor, records, recovery
-from smallstalk import state as st
+from smallstalk.core import records
+from smallstalk.core import state as st
+from smallstalk.storage import aof, compactor, recovery
 
 REPO = Path(__file__).resolve().parent.parent
 SNAPSHOTS = REPO / "snapshots"

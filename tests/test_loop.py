@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 import trio
 
-from smallstalk import aof, records
-from smallstalk import protocol as p
-from smallstalk.recovery import recover
+from smallstalk.core import protocol as p
+from smallstalk.core import records
+from smallstalk.storage import aof
+from smallstalk.storage.recovery import recover
 
 from .harness import Client, make_loop
 

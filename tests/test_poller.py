@@ -47,8 +47,8 @@ async def test_replies_reach_their_own_connection_while_fds_are_reused(nursery) 
 async def test_without_the_poller_a_connection_reads_for_itself(nursery) -> None:
     """No epoll (not Linux), or a stream without an fd: the connection's own
     task reads, throttles and ends the connection as the poller would."""
-    from smallstalk import protocol as p
-    from smallstalk.server import serve_connection
+    from smallstalk.core import protocol as p
+    from smallstalk.server.connection import serve_connection
 
     from .harness import make_loop
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from smallstalk import protocol as p
+from smallstalk.core import protocol as p
 
 
 def parse_all(data: bytes, chunk: int | None = None, max_job_size: int = 65535) -> list:

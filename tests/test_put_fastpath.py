@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from smallstalk import aof, recovery, snapshot
-from smallstalk import records as r
-from smallstalk.aof import CorruptionError
-from smallstalk.state import Job, State, StateError
+from smallstalk.core import records as r
+from smallstalk.core.state import Job, State, StateError
+from smallstalk.storage import aof, recovery, snapshot
+from smallstalk.storage.aof import CorruptionError
 
 T0 = 1_700_000_000 * 10**9
 S = 10**9

@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 import trio
 
-from smallstalk import aof, compactor, snapshot
-from smallstalk import protocol as p
-from smallstalk import records as r
-from smallstalk.bodies import BodyError, BodyStore, pack, resolve_items, unpack
-from smallstalk.journal import FSYNC_NEVER, Journal
-from smallstalk.loop import MutationLoop
-from smallstalk.policy import Policies, TubePolicy
-from smallstalk.recovery import recover
-from smallstalk.state import State, body_len
+from smallstalk.core import protocol as p
+from smallstalk.core import records as r
+from smallstalk.core.state import State, body_len
+from smallstalk.server.loop import MutationLoop
+from smallstalk.server.policy import Policies, TubePolicy
+from smallstalk.storage import aof, compactor, snapshot
+from smallstalk.storage.bodies import BodyError, BodyStore, pack, resolve_items, unpack
+from smallstalk.storage.journal import FSYNC_NEVER, Journal
+from smallstalk.storage.recovery import recover
 
 from .harness import Client, mock_wall_clock
 
@@ -470,7 +470,7 @@ async def test_a_failed_commit_rebuilds_under_the_budget(nursery, tmp_path, auto
 
 
 async def test_replica_spills_what_it_applies(nursery, tmp_path, autojump_clock) -> None:
-    from smallstalk.replica import install_snapshot
+    from smallstalk.replication.follower import install_snapshot
 
     primary = make_loop(tmp_path / "p", 0, segment_records=10)
     nursery.start_soon(primary.run)

@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from smallstalk.recovery import recover
+from smallstalk.storage.recovery import recover
 
 from .bsclient import Client, peek_ids, put_cmd
 from .procs import REPO, Server, start_smallstalk, wait_for

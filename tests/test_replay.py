@@ -18,9 +18,9 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from smallstalk import compactor
-from smallstalk.policy import Policies, TubePolicy
-from smallstalk.recovery import recover
+from smallstalk.server.policy import Policies, TubePolicy
+from smallstalk.storage import compactor
+from smallstalk.storage.recovery import recover
 
 from .harness import Client, make_loop
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import cbor2
 import greenstalk
 
-from smallstalk.recovery import recover
+from smallstalk.storage.recovery import recover
 
 from .procs import Server, free_port, start_smallstalk, wait_for
 
@@ -186,7 +186,8 @@ def test_failover_with_min_replica_acks_loses_no_acknowledged_put(tmp_path: Path
 
 
 def _deleted_ids(data: Path) -> set[int]:
-    from smallstalk import aof, records
+    from smallstalk.core import records
+    from smallstalk.storage import aof
 
     out = set()
     for _first, path in aof.list_segments(data / "aof"):

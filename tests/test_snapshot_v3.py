@@ -14,12 +14,13 @@ from pathlib import Path
 import cbor2
 import pytest
 
-from smallstalk import aof, history, records, snapshot
-from smallstalk import records as r
-from smallstalk.aof import CorruptionError
-from smallstalk.bodies import BodyStore, resolve_items
-from smallstalk.recovery import recover
-from smallstalk.state import BURIED, DELAYED, READY, RESERVED, State
+from smallstalk.core import records
+from smallstalk.core import records as r
+from smallstalk.core.state import BURIED, DELAYED, READY, RESERVED, State
+from smallstalk.storage import aof, history, snapshot
+from smallstalk.storage.aof import CorruptionError
+from smallstalk.storage.bodies import BodyStore, resolve_items
+from smallstalk.storage.recovery import recover
 
 T0 = 1_700_000_000 * 10**9
 NS = 10**9

@@ -17,10 +17,10 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from smallstalk.journal import INLINE_SYNC_RECORDS, Journal
-from smallstalk.loop import LAZY_SYNC, RETRY_AFTER_FAILURE, MutationLoop
-from smallstalk.recovery import recover
-from smallstalk.syncer import Syncer
+from smallstalk.server.loop import LAZY_SYNC, RETRY_AFTER_FAILURE, MutationLoop
+from smallstalk.storage.journal import INLINE_SYNC_RECORDS, Journal
+from smallstalk.storage.recovery import recover
+from smallstalk.storage.syncer import Syncer
 
 from .harness import Client, mock_wall_clock
 

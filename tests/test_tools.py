@@ -28,7 +28,9 @@ from pathlib import Path
 import greenstalk
 import pytest
 
-from smallstalk import aof, history, records, tools
+from smallstalk.core import records
+from smallstalk.ops import tools
+from smallstalk.storage import aof, history
 
 from .procs import REPO, Server, start_smallstalk
 
@@ -365,7 +367,7 @@ def test_aof_verify_checks_snapshot_against_log(log_dir: Path, folded_dir: Path,
     items = list(history.iter_snapshot(snap))
     snap.unlink()
     items = [[*i[:3], 999, *i[4:]] if i[0] == "job" and i[1] == 3 else i for i in items]
-    from smallstalk import snapshot
+    from smallstalk.storage import snapshot
 
     snapshot.write(data / "snapshots", 30, items)
     code, out, err = run_n(tools.main_aof, data, "verify", data)

@@ -54,7 +54,7 @@ from typing import Any
 import cbor2
 import greenstalk
 
-from smallstalk import records
+from smallstalk.core import records
 
 REPO = Path(__file__).resolve().parent.parent
 SEGMENT_RECORDS = 10
@@ -886,7 +886,7 @@ def build(out: Path, work: Path) -> None:
     shutil.copytree(log_only, both)
     closed = [path.name for path, _first, _last in spans[:-1]]
     res = subprocess.run(
-        [sys.executable, "-m", "smallstalk.compactor", str(both),
+        [sys.executable, "-m", "smallstalk.storage.compactor", str(both),
          *(str(both / "aof" / name) for name in closed)],
         cwd=REPO, capture_output=True, text=True, check=False)
     if res.returncode != 0:

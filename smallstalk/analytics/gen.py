@@ -27,8 +27,8 @@ import time
 from collections import deque
 from pathlib import Path
 
-from .. import aof
-from .. import records as r
+from smallstalk.core import records as r
+from smallstalk.storage import aof
 
 NS = 1_000_000_000
 DAY_NS = 86_400 * NS

@@ -51,7 +51,8 @@ import pyarrow.fs as pafs
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from .. import aof, records, snapshot
+from smallstalk.core import records
+from smallstalk.storage import aof, snapshot
 
 NAME = "smallstalk"
 JOB_STATES = ("ready", "delayed", "reserved", "buried")

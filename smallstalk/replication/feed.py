@@ -36,15 +36,15 @@ from typing import TYPE_CHECKING
 import cbor2
 import trio
 
-from . import aof
-from . import protocol as p
-from . import records as r
-from .recovery import paths
+from smallstalk.core import protocol as p
+from smallstalk.core import records as r
+from smallstalk.storage import aof
+from smallstalk.storage.recovery import paths
 
 if TYPE_CHECKING:
-    from .loop import MutationLoop, Session
+    from smallstalk.server.loop import MutationLoop, Session
 
-log = logging.getLogger("smallstalk.replication")
+log = logging.getLogger("smallstalk.replication.feed")
 
 LIVE_BACKLOG = 10_000  # committed turns a slow replica may fall behind before it is cut off
 HEARTBEAT = 1.0  # seconds
@@ -91,7 +91,7 @@ class Feed:
 
 def start_feed(lp: MutationLoop, s: Session, cmd: p.Replicate):
     """Decide how to feed this replica (inside the loop, so the state holds still)."""
-    from .dispatch import NOREPLY
+    from smallstalk.server.dispatch import NOREPLY
 
     if lp.journal is None:
         return b"REFUSED no data directory: nothing to replicate\r\n"

@@ -25,14 +25,14 @@ from pathlib import Path
 import cbor2
 import trio
 
-from . import aof, snapshot
-from . import protocol as p
-from . import records as r
-from .aof import CorruptionError
-from .recovery import paths
-from .state import NS, State
+from smallstalk.core import protocol as p
+from smallstalk.core import records as r
+from smallstalk.core.state import NS, State
+from smallstalk.storage import aof, snapshot
+from smallstalk.storage.aof import CorruptionError
+from smallstalk.storage.recovery import paths
 
-log = logging.getLogger("smallstalk.replica")
+log = logging.getLogger("smallstalk.replication.follower")
 
 
 class FeedError(Exception):
@@ -194,7 +194,7 @@ def install_snapshot(lp, path: Path, snap_seq: int) -> None:
     The file is checked by loading it (bodies past the budget stay in it);
     only then does it become our snapshot and our segments go.
     """
-    from . import records
+    from smallstalk.core import records
 
     store = lp.bodies.fresh() if lp.bodies is not None else None
     try:

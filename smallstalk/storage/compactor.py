@@ -32,13 +32,13 @@ from pathlib import Path
 
 import trio
 
-from . import aof, snapshot
-from .aof import CorruptionError
-from .bodies import COMPACTOR_BUDGET, PUTS, BodyError, BodyStore, spill_record
-from .recovery import apply_next, body_offset, paths
-from .state import State, StateError
+from smallstalk.core.state import State, StateError
+from smallstalk.storage import aof, snapshot
+from smallstalk.storage.aof import CorruptionError
+from smallstalk.storage.bodies import COMPACTOR_BUDGET, PUTS, BodyError, BodyStore, spill_record
+from smallstalk.storage.recovery import apply_next, body_offset, paths
 
-log = logging.getLogger("smallstalk.compactor")
+log = logging.getLogger("smallstalk.storage.compactor")
 
 
 def fold(data_dir: Path, segments: list[Path], max_memory: int = 0) -> Path:
@@ -226,7 +226,7 @@ async def run(journal, data_dir: Path, interval: float, max_closed: int = 4,
         started = time.monotonic()
         try:
             result = await trio.run_process(
-                [sys.executable, "-m", "smallstalk.compactor", *child_args(lp),
+                [sys.executable, "-m", "smallstalk.storage.compactor", *child_args(lp),
                  str(data_dir), *map(str, fixed)],
                 capture_stdout=True, capture_stderr=True, check=False)
         except OSError:

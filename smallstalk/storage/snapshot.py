@@ -33,9 +33,9 @@ from pathlib import Path
 
 import cbor2
 
-from . import aof
-from .aof import CorruptionError
-from .state import State, StateError
+from smallstalk.core.state import State, StateError
+from smallstalk.storage import aof
+from smallstalk.storage.aof import CorruptionError
 
 BODY_INDEX_MAGIC = b"SSTKBDX\x00"
 BODY_INDEX_ENTRY = struct.Struct("<QQI")  # job id, body offset in the snapshot, body length
@@ -178,7 +178,7 @@ def write(directory: Path, last_seq: int, items: Iterable[list], index: bool = F
 
 def write_state(directory: Path, state: State, index: bool = False) -> Path:
     """Write `state`; bodies read-behind keeps on disk are read back as it goes."""
-    from .bodies import resolve_items
+    from smallstalk.storage.bodies import resolve_items
 
     return write(directory, state.last_seq, resolve_items(state.dump(), state.bodies), index)
 

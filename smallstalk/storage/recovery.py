@@ -26,12 +26,13 @@ from pathlib import Path
 
 import attrs
 
-from . import aof, records, snapshot
-from .aof import CorruptionError
-from .bodies import PUTS, BodyStore, spill_record
-from .state import State, StateError
+from smallstalk.core import records
+from smallstalk.core.state import State, StateError
+from smallstalk.storage import aof, snapshot
+from smallstalk.storage.aof import CorruptionError
+from smallstalk.storage.bodies import PUTS, BodyStore, spill_record
 
-log = logging.getLogger("smallstalk.recovery")
+log = logging.getLogger("smallstalk.storage.recovery")
 
 
 @attrs.define

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import attrs
 
-from . import records
+from smallstalk.core import records
 
 SEGMENT_MAGIC = b"SSTKAOF\x00"
 SNAPSHOT_MAGIC = b"SSTKSNP\x00"

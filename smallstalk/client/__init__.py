@@ -43,7 +43,7 @@ from typing import Any, TypeAlias, TypeVar
 import attrs
 import trio
 
-from . import protocol as p
+from smallstalk.core import protocol as p
 
 DEFAULT_PORT = 11300
 DEFAULT_SERVER = f"127.0.0.1:{DEFAULT_PORT}"

@@ -31,12 +31,13 @@ from typing import IO, Any
 
 import attrs
 
-from . import aof, history, records, snapshot
-from . import records as r
-from .aof import CorruptionError
-from .history import HistoryFolded
-from .recovery import apply_next
-from .state import BURIED, DELAYED, READY, RESERVED, State, StateError
+from smallstalk.core import records
+from smallstalk.core import records as r
+from smallstalk.core.state import BURIED, DELAYED, READY, RESERVED, State, StateError
+from smallstalk.storage import aof, history, snapshot
+from smallstalk.storage.aof import CorruptionError
+from smallstalk.storage.history import HistoryFolded
+from smallstalk.storage.recovery import apply_next
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FOLDED = 0, 1, 2, 3
 NS = 1_000_000_000

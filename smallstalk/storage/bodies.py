@@ -38,9 +38,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from . import records as r
+from smallstalk.core import records as r
 
-log = logging.getLogger("smallstalk.bodies")
+log = logging.getLogger("smallstalk.storage.bodies")
 
 READAHEAD = 1 << 20  # bytes advised ahead of each read
 COMPACTOR_BUDGET = 32 << 20  # the compactor child's own budget when the server has one

@@ -35,8 +35,8 @@ import heapq
 from collections import deque
 from collections.abc import Iterator
 
-from . import records as r
-from .protocol import URGENT_THRESHOLD
+from smallstalk.core import records as r
+from smallstalk.core.protocol import URGENT_THRESHOLD
 
 READY, DELAYED, RESERVED, BURIED = range(4)
 STATE_NAMES = (b"ready", b"delayed", b"reserved", b"buried")

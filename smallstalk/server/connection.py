@@ -42,12 +42,12 @@ import socket as stdsocket
 
 import trio
 
-from . import poller as poller_mod
-from .loop import MutationLoop
-from .poller import Poller
-from .protocol import Parser
+from smallstalk.core.protocol import Parser
+from smallstalk.server import poller as poller_mod
+from smallstalk.server.loop import MutationLoop
+from smallstalk.server.poller import Poller
 
-log = logging.getLogger("smallstalk.server")
+log = logging.getLogger("smallstalk.server.connection")
 
 RECV_SIZE = 65536
 MAX_QUEUED_BYTES = 1 << 20
@@ -202,7 +202,7 @@ class _Connection:
     async def flusher(self, cancel: trio.CancelScope) -> None:
         while True:
             if self.feed is not None:
-                from .replication import run_feed
+                from smallstalk.replication.feed import run_feed
 
                 await run_feed(self.stream, self.feed, lambda: self.lp.journal.committed_seq)
                 break

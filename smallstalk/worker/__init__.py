@@ -78,7 +78,7 @@ import attrs
 import cbor2
 import trio
 
-from .client import (
+from smallstalk.client import (
     DEFAULT_PRIORITY,
     DEFAULT_TTR,
     AsyncClient,

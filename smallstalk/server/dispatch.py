@@ -14,14 +14,14 @@ import os
 import resource
 from typing import TYPE_CHECKING
 
-from . import protocol as p
-from . import records as r
-from .config import VERSION as SMALLSTALK_VERSION
-from .policy import TubePolicy, render
-from .state import BURIED, DELAYED, NS, RESERVED, State, body_len
+from smallstalk.config import VERSION as SMALLSTALK_VERSION
+from smallstalk.core import protocol as p
+from smallstalk.core import records as r
+from smallstalk.core.state import BURIED, DELAYED, NS, RESERVED, State, body_len
+from smallstalk.server.policy import TubePolicy, render
 
 if TYPE_CHECKING:
-    from .loop import MutationLoop, Session
+    from smallstalk.server.loop import MutationLoop, Session
 
 BLOCK = object()  # the reserve waits; the loop answers it later
 CLOSE = object()  # quit: answer nothing more and close
@@ -293,7 +293,9 @@ def quit_(lp: MutationLoop, s: Session, cmd: p.Quit):
 
 
 def replicate(lp: MutationLoop, s: Session, cmd: p.Replicate):
-    from . import replication  # the feed machinery only loads when a replica asks
+    from smallstalk.replication import (
+        feed as replication,  # the feed machinery only loads when a replica asks
+    )
 
     return replication.start_feed(lp, s, cmd)
 
@@ -306,7 +308,7 @@ def replica_ack(lp: MutationLoop, s: Session, cmd: p.ReplicaAck):
 def promote(lp: MutationLoop, s: Session, cmd: p.PromoteReplica):
     if lp.role != "replica":
         return b"NOT_A_REPLICA\r\n"
-    from . import replication
+    from smallstalk.replication import feed as replication
 
     epoch = replication.promote(lp)
     return b"PROMOTED %d\r\n" % epoch

@@ -43,16 +43,16 @@ from pathlib import Path
 
 import trio
 
-from . import dispatch
-from . import protocol as p
-from . import records as r
-from .aof import FSYNC_ALWAYS
-from .bodies import PUTS, BodyError, spill_record
-from .journal import INLINE_SYNC_RECORDS, Journal, JournalError
-from .policy import ConfigError, Policies, load_policies
-from .state import NS, State
+from smallstalk.core import protocol as p
+from smallstalk.core import records as r
+from smallstalk.core.state import NS, State
+from smallstalk.server import dispatch
+from smallstalk.server.policy import ConfigError, Policies, load_policies
+from smallstalk.storage.aof import FSYNC_ALWAYS
+from smallstalk.storage.bodies import PUTS, BodyError, spill_record
+from smallstalk.storage.journal import INLINE_SYNC_RECORDS, Journal, JournalError
 
-log = logging.getLogger("smallstalk.loop")
+log = logging.getLogger("smallstalk.server.loop")
 
 RETRY_AFTER_FAILURE = 1.0  # seconds during which mutations are refused after a disk error
 # Records whose loss in a crash changes nothing a client was told: a restart
@@ -858,7 +858,9 @@ class MutationLoop:
 
     def _reload_state(self) -> None:
         """Back to exactly what the data directory holds, after a disk error."""
-        from .recovery import recover  # late: recovery is only needed on this path
+        from smallstalk.storage.recovery import (
+            recover,  # late: recovery is only needed on this path
+        )
 
         old = self.bodies
         self.bodies = old.fresh() if old is not None else None

@@ -31,10 +31,11 @@ from typing import BinaryIO
 import attrs
 import cbor2
 
-from . import aof, records, snapshot
-from .aof import FRAME, HEADER_SIZE, MAX_FRAME, CorruptionError, FrameScan
+from smallstalk.core import records
+from smallstalk.storage import aof, snapshot
+from smallstalk.storage.aof import FRAME, HEADER_SIZE, MAX_FRAME, CorruptionError, FrameScan
 
-log = logging.getLogger("smallstalk.history")
+log = logging.getLogger("smallstalk.storage.history")
 
 CHUNK = 1 << 20
 EAGER_OPEN = 512  # segments opened up front (a live compactor may unlink them)

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import IO
 
-from .config import read_file
-from .policy import ConfigError, render
+from smallstalk.config import read_file
+from smallstalk.server.policy import ConfigError, render
 
 USAGE = """\
 usage: smallstalk config dump [--config FILE | --server HOST:PORT]

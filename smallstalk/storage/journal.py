@@ -34,8 +34,8 @@ from pathlib import Path
 
 import trio
 
-from . import records
-from .aof import (
+from smallstalk.core import records
+from smallstalk.storage.aof import (
     FSYNC_ALWAYS,
     FSYNC_NEVER,
     HEADER_SIZE,
@@ -44,9 +44,9 @@ from .aof import (
     list_segments,
     segment_name,
 )
-from .syncer import Syncer
+from smallstalk.storage.syncer import Syncer
 
-log = logging.getLogger("smallstalk.journal")
+log = logging.getLogger("smallstalk.storage.journal")
 
 # Under --fsync always, at most this many unsynced records are fsynced in the
 # loop's own thread (by `commit`, and by the loop's two-step commit): a thread
