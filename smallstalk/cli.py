@@ -23,6 +23,7 @@ from smallstalk.config import (
     parse_serve,
     server_changes,
 )
+from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import State
 from smallstalk.launch import listen_address
@@ -215,7 +216,7 @@ def promote_command(argv: list[str]) -> int:
         return 2
     host, _, port = argv[0].rpartition(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(b"promote\r\n")
+        sock.sendall(p.render(p.PROMOTE))
         reply = b""
         while not reply.endswith(b"\r\n"):
             chunk = sock.recv(4096)
@@ -224,7 +225,7 @@ def promote_command(argv: list[str]) -> int:
             reply += chunk
     text = reply.decode(errors="replace").strip()
     print(text)
-    return 0 if text.startswith("PROMOTED") else 1
+    return 0 if reply.strip().startswith(p.PROMOTED_WORD) else 1
 
 
 def _early_socket_fits(argv: list[str], cfg: ServeConfig) -> bool:

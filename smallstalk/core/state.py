@@ -36,13 +36,13 @@ from collections import deque
 from collections.abc import Iterator
 
 from smallstalk.core import records as r
-from smallstalk.core.protocol import URGENT_THRESHOLD
 
 READY, DELAYED, RESERVED, BURIED = range(4)
 STATE_NAMES = (b"ready", b"delayed", b"reserved", b"buried")
 NS = 1_000_000_000
 SAFETY_MARGIN = NS  # the last second of a TTR (DEADLINE_SOON)
 DEFAULT_TUBE = "default"
+URGENT_THRESHOLD = 1024  # a ready job with a lower priority counts as urgent
 
 
 def fanout_parent(tube: str) -> str | None:

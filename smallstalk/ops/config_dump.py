@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from smallstalk.config import read_file
+from smallstalk.core import protocol
 from smallstalk.server.policy import ConfigError, render
 
 USAGE = """\
@@ -75,7 +76,7 @@ def main(argv: list[str], stdout: IO[str] | None = None, stderr: IO[str] | None 
         return EXIT_OK
     server = args.server or "127.0.0.1:11300"
     try:
-        body = ask_server(server, b"config\r\n")
+        body = ask_server(server, protocol.render(protocol.CONFIG))
     except _Usage as e:
         err.write(f"smallstalk config dump: {e}\n\n{USAGE}")
         return EXIT_USAGE
@@ -120,9 +121,9 @@ def ask_server(server: str, command: bytes) -> bytes:
             buf += chunk
         line, _, rest = buf.partition(b"\r\n")
         word, _, size = line.partition(b" ")
-        if word != b"OK" or not size.isdigit():
+        if word != protocol.OK_WORD or not size.isdigit():
             text = line.decode(errors="replace")
-            if text == "UNKNOWN_COMMAND":
+            if line + b"\r\n" == protocol.UNKNOWN_COMMAND:
                 text += " (a server without the config command: not smallstalk, or older)"
             raise ValueError(f"the server answered {text}")
         want = int(size) + 2

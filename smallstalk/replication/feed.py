@@ -94,9 +94,9 @@ def start_feed(lp: MutationLoop, s: Session, cmd: p.Replicate):
     from smallstalk.server.dispatch import NOREPLY
 
     if lp.journal is None:
-        return b"REFUSED no data directory: nothing to replicate\r\n"
+        return p.refused(b"no data directory: nothing to replicate")
     if lp.role != "primary":
-        return b"REFUSED not a primary\r\n"
+        return p.refused(b"not a primary")
     st = lp.state
     epoch, history = st.epoch
     chain = [(0, "", 1), *st.epochs]
@@ -105,8 +105,8 @@ def start_feed(lp: MutationLoop, s: Session, cmd: p.Replicate):
         if (e, h) == (cmd.epoch, cmd.history):
             fork = chain[i + 1][2] if i + 1 < len(chain) else math.inf
     if fork is None and cmd.epoch > epoch:
-        return b"REFUSED replica history %d/%s is newer than ours %d/%s\r\n" % (
-            cmd.epoch, (cmd.history or "-").encode(), epoch, history.encode())
+        return p.refused(b"replica history %d/%s is newer than ours %d/%s" % (
+            cmd.epoch, (cmd.history or "-").encode(), epoch, history.encode()))
     upto = lp.journal.committed_seq
     aof_dir, snap_dir = paths(lp.data_dir)
     segments = aof.list_segments(aof_dir)
@@ -123,10 +123,10 @@ def start_feed(lp: MutationLoop, s: Session, cmd: p.Replicate):
             snap_seq = 0
         after = snap_seq
         if not _covers(segments, after + 1, upto):
-            return b"REFUSED cannot find records after %d\r\n" % after
-        line = b"FULLRESYNC %d %s %d\r\n" % (epoch, history.encode(), snap_seq)
+            return p.refused(b"cannot find records after %d" % after)
+        line = p.fullresync(epoch, history, snap_seq)
     else:
-        line = b"REPLICATING %d %s\r\n" % (epoch, history.encode())
+        line = p.replicating(epoch, history)
     needed = [path for i, (first, path) in enumerate(segments)
               if first <= upto and (i + 1 == len(segments) or segments[i + 1][0] > after + 1)]
     feed = Feed(s.id, line, after, upto, snapshot, needed)

@@ -134,10 +134,10 @@ class Follower:
             reader = FrameReader(stream)
             line = await reader.line()
             words = line.split()
-            if not words or words[0] not in (b"REPLICATING", b"FULLRESYNC"):
+            if not words or words[0] not in (p.REPLICATING_WORD, p.FULLRESYNC_WORD):
                 raise FeedError(line.decode(errors="replace"))
             leftover: list[bytes] = []  # record frames that came with the snapshot's end
-            if words[0] == b"FULLRESYNC":
+            if words[0] == p.FULLRESYNC_WORD:
                 snap_seq = int(words[3])
                 tmp = resync_path(lp.data_dir)
                 try:

@@ -110,7 +110,7 @@ def reserve(lp: MutationLoop, s: Session, cmd: p.Reserve):
     job = st.best_ready(s.id, now)
     if job is not None:
         lp.log(r.Reserve, s.id, job.id)
-        return p.job_reply(b"RESERVED", job.id, lp.body_of(job))
+        return p.reserved(job.id, lp.body_of(job))
     if cmd.timeout == 0 or s.halfclosed:
         return p.TIMED_OUT
     deadline = None if cmd.timeout is None else now + cmd.timeout * NS
@@ -125,7 +125,7 @@ def reserve_job(lp: MutationLoop, s: Session, cmd: p.ReserveJob):
         return p.NOT_FOUND
     s.worker = True
     lp.log(r.Reserve, s.id, job.id)
-    return p.job_reply(b"RESERVED", job.id, lp.body_of(job))
+    return p.reserved(job.id, lp.body_of(job))
 
 
 def delete(lp: MutationLoop, s: Session, cmd: p.Delete):
@@ -201,7 +201,7 @@ def ignore(lp: MutationLoop, s: Session, cmd: p.Ignore):
 
 
 def _found(lp: MutationLoop, job):
-    return p.NOT_FOUND if job is None else p.job_reply(b"FOUND", job.id, lp.body_of(job))
+    return p.NOT_FOUND if job is None else p.found(job.id, lp.body_of(job))
 
 
 def peek(lp: MutationLoop, s: Session, cmd: p.Peek):
@@ -307,11 +307,11 @@ def replica_ack(lp: MutationLoop, s: Session, cmd: p.ReplicaAck):
 
 def promote(lp: MutationLoop, s: Session, cmd: p.PromoteReplica):
     if lp.role != "replica":
-        return b"NOT_A_REPLICA\r\n"
+        return p.NOT_A_REPLICA
     from smallstalk.replication import feed as replication
 
     epoch = replication.promote(lp)
-    return b"PROMOTED %d\r\n" % epoch
+    return p.promoted(epoch)
 
 
 def delete_tube(lp: MutationLoop, s: Session, cmd: p.DeleteTube):
@@ -325,15 +325,15 @@ def delete_tube(lp: MutationLoop, s: Session, cmd: p.DeleteTube):
 def config(lp: MutationLoop, s: Session, cmd: p.ConfigDump):
     lp.count("cmd-config")
     body = render(lp.policies.dump(list(lp.state.tube_order)))
-    return b"OK %d\r\n%s\r\n" % (len(body), body)
+    return p.ok_yaml(body)
 
 
 def reload_config(lp: MutationLoop, s: Session, cmd: p.ReloadConfig):
     lp.count("cmd-reload-config")
     err = lp.reload_config()
     if err is None:
-        return b"RELOADED\r\n"
-    return b"NOT_RELOADED %s\r\n" % " ".join(err.split()).encode("utf-8", "replace")
+        return p.RELOADED
+    return p.not_reloaded(err)
 
 
 def error(lp: MutationLoop, s: Session, ev: p.ErrorReply):

@@ -639,7 +639,7 @@ class MutationLoop:
                 self._note_need(s, must0)
             s.blocked = False
             try:
-                s.out.append(p.job_reply(b"RESERVED", job.id, self.body_of(job)))
+                s.out.append(p.reserved(job.id, self.body_of(job)))
             except BodyError as e:
                 log.error("answering INTERNAL_ERROR: %s", e)
                 s.out.append(p.INTERNAL_ERROR)
