@@ -12,8 +12,9 @@ import attrs
 import pytest
 
 from smallstalk.core import records
-from smallstalk.core.state import STATE_NAMES, State
-from smallstalk.storage import aof, recovery, snapshot
+from smallstalk.core.state import State
+from smallstalk.core.stats import STATE_NAMES
+from smallstalk.storage import aof, recovery, snapshot, snapshot_codec
 from smallstalk.storage.aof import CorruptionError
 
 from .bsclient import Client, connect, peek_ids, put_cmd, stats_jobs
@@ -185,7 +186,7 @@ def assert_server_matches(port: int, expected: State, ids: list[int]) -> None:
 
 
 def dump(state: State) -> list:
-    return list(state.dump())
+    return list(snapshot_codec.dump(state))
 
 
 # --- torn tail ------------------------------------------------------------------------

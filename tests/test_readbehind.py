@@ -22,7 +22,7 @@ from smallstalk.core import records as r
 from smallstalk.core.state import State, body_len
 from smallstalk.server.loop import MutationLoop
 from smallstalk.server.policy import Policies, TubePolicy
-from smallstalk.storage import aof, compactor, snapshot
+from smallstalk.storage import aof, compactor, snapshot, snapshot_codec
 from smallstalk.storage.bodies import BodyError, BodyStore, pack, resolve_items, unpack
 from smallstalk.storage.journal import FSYNC_NEVER, Journal
 from smallstalk.storage.recovery import recover
@@ -73,7 +73,7 @@ def stat(reply: bytes, key: str) -> str:
 
 
 def resolved_dump(lp: MutationLoop) -> list:
-    return [x for x in resolve_items(lp.state.dump(), lp.bodies) if x[0] != "conn"]
+    return [x for x in resolve_items(snapshot_codec.dump(lp.state), lp.bodies) if x[0] != "conn"]
 
 
 def assert_replays(lp: MutationLoop, data_dir: Path) -> None:
@@ -81,7 +81,7 @@ def assert_replays(lp: MutationLoop, data_dir: Path) -> None:
     lp.state.check()
     rebuilt = recover(data_dir, repair=False).state
     rebuilt.check()
-    assert [x for x in rebuilt.dump() if x[0] != "conn"] == resolved_dump(lp)
+    assert [x for x in snapshot_codec.dump(rebuilt) if x[0] != "conn"] == resolved_dump(lp)
 
 
 def open_fds() -> set[str]:
@@ -164,7 +164,7 @@ def test_snapshot_under_a_budget_refers_to_bodies_and_the_index_finds_them(tmp_p
     st.apply(r.Reserve(61, 10**18, 1, 3))
     st.apply(r.Bury(62, 10**18, 1, 3, 7))
     snap = snapshot.write_state(tmp_path, st, index=True)
-    items = list(st.dump())
+    items = list(snapshot_codec.dump(st))
     # Unbudgeted: exactly what was written.
     assert list(snapshot.iter_items(snap)) == items
     store = BodyStore(20_000)
@@ -172,7 +172,7 @@ def test_snapshot_under_a_budget_refers_to_bodies_and_the_index_finds_them(tmp_p
     loaded.check()
     assert 0 < in_memory(loaded) <= 20_000
     assert loaded.spilled_bytes > 0
-    assert list(resolve_items(loaded.dump(), store)) == items
+    assert list(resolve_items(snapshot_codec.dump(loaded), store)) == items
     # The index: every job's body, where it is in the snapshot file.
     entries = snapshot.index_entries(snapshot.index_path(snap))
     data = snap.read_bytes()
@@ -397,7 +397,7 @@ async def test_recovery_under_a_budget(nursery, tmp_path, autojump_clock) -> Non
     store = BodyStore(12_000)
     st = recover(tmp_path, repair=False, bodies=store).state
     st.check()
-    assert st.bodies is store
+    assert st.on_body_dropped == store.drop
     assert in_memory(st) <= 12_000
     assert st.spilled_bytes > 0
     assert any(f.path == str(snap) for f in store.files.values())
@@ -458,7 +458,7 @@ async def test_a_failed_commit_rebuilds_under_the_budget(nursery, tmp_path, auto
     assert await c.ask(put_cmd(b"lost")) == p.INTERNAL_ERROR
     monkeypatch.undo()
     assert lp.bodies is not old_store and not old_store.files
-    assert lp.state.bodies is lp.bodies
+    assert lp.state.on_body_dropped == lp.bodies.drop
     assert in_memory(lp.state) <= 3000 and lp.state.spilled_bytes
     await trio.sleep(2)  # past the refusal period
     for jid, body in jobs.items():
@@ -499,7 +499,7 @@ async def test_replica_spills_what_it_applies(nursery, tmp_path, autojump_clock)
     await replica.call(install_snapshot, replica, tmp, int(snap.stem))
     assert not tmp.exists() and not old_store.files
     st = replica.state
-    assert st.bodies is replica.bodies and in_memory(st) <= 9000 and st.spilled_bytes
+    assert st.on_body_dropped == replica.bodies.drop and in_memory(st) <= 9000 and st.spilled_bytes
     (f,) = replica.bodies.files.values()
     assert f.path == str(tmp_path / "r" / "snapshots" / snap.name)
     for jid in st.jobs:

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from smallstalk.server.policy import Policies, TubePolicy
-from smallstalk.storage import compactor
+from smallstalk.storage import compactor, snapshot_codec
 from smallstalk.storage.recovery import recover
 
 from .harness import Client, make_loop
@@ -87,7 +87,7 @@ async def run_steps(data_dir: Path, plan: list) -> None:
         await lp.journal.commit()
         rebuilt = recover(data_dir, repair=False).state
         rebuilt.check()
-        live, again = list(lp.state.dump()), list(rebuilt.dump())
+        live, again = list(snapshot_codec.dump(lp.state)), list(snapshot_codec.dump(rebuilt))
         diff = [(a, b) for a, b in zip(live, again, strict=False) if a != b]
         assert cbor2.dumps(again) == cbor2.dumps(live), diff
         nursery.cancel_scope.cancel()

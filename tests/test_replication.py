@@ -12,6 +12,7 @@ from pathlib import Path
 import cbor2
 import greenstalk
 
+from smallstalk.storage import snapshot_codec
 from smallstalk.storage.recovery import recover
 
 from .procs import Server, free_port, start_smallstalk, wait_for
@@ -29,7 +30,7 @@ def caught_up(primary: Server, replica: Server) -> bool:
 
 
 def durable_state(data: Path) -> bytes:
-    return cbor2.dumps(list(recover(data, repair=False).state.dump()))
+    return cbor2.dumps(list(snapshot_codec.dump(recover(data, repair=False).state)))
 
 
 def replica_of(tmp: Path, primary: Server, name: str = "replica", *flags: str) -> Server:

@@ -30,7 +30,7 @@ import pytest
 
 from smallstalk.core import records
 from smallstalk.ops import tools
-from smallstalk.storage import aof, history
+from smallstalk.storage import aof, history, snapshot_codec
 
 from .procs import REPO, Server, start_smallstalk
 
@@ -564,7 +564,7 @@ def test_replay_write_snapshot_starts_a_server(log_dir: Path, tmp_path: Path) ->
     assert sorted(p.name for p in tmp_path.iterdir()) == ["at-18.snap"]  # no temp files left
     # The same items the compactor writes for that state.
     assert list(history.iter_snapshot(target)) == list(
-        tools.rebuild(log_dir, until_seq=18).state.dump())
+        snapshot_codec.dump(tools.rebuild(log_dir, until_seq=18).state))
     # A directory as the target: the name a server looks for.
     (tmp_path / "dir").mkdir()
     assert run(tools.main_replay, log_dir, "--until-seq", 18, "--write-snapshot",

@@ -3,7 +3,7 @@
 Pure and synchronous: no trio, no sockets, no clock. `apply(record)` is the only
 way to change it, and time enters only through the records' `time` field, so
 the same records in the same order always give the same state. The query
-methods (`best_ready`, `next_grant`, `due_*`, `stats_*`) read it and take the
+methods (`best_ready`, `next_grant`, `due_*`) read it and take the
 current time as an argument where an answer depends on it.
 
 Invariants (checked by `check()` in tests):
@@ -20,9 +20,11 @@ only while the job still has that `gen`, which every state change bumps.
 Big tubes: a job's `body` is bytes, or an int reference that the mutation
 loop put there after the body reached the AOF (`spill`): read-behind keeps
 memory bounded. The state never reads a body; it only keeps the byte counts
-(`bytes_n`, `spilled_n`) and tells `bodies.drop(ref)` when a spilled job
-goes, so the loop's body store can close files nobody refers to. A
-reference's low 32 bits are the body's length.
+(`bytes_n`, `spilled_n`) and calls `on_body_dropped(ref)` when a spilled
+job goes, so the body store (which lives beside the state, never in it) can
+close files nobody refers to. A reference's low 32 bits are the body's length.
+
+The snapshot codec is storage/snapshot_codec.py; stats data is stats.py.
 
 Fanout: a tube named `parent+child` is registered as a copy target of
 `parent` when it comes into existence, and stays registered (even while the
@@ -33,12 +35,11 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable
 
 from smallstalk.core import records as r
 
 READY, DELAYED, RESERVED, BURIED = range(4)
-STATE_NAMES = (b"ready", b"delayed", b"reserved", b"buried")
 NS = 1_000_000_000
 SAFETY_MARGIN = NS  # the last second of a TTR (DEADLINE_SOON)
 DEFAULT_TUBE = "default"
@@ -55,7 +56,7 @@ class StateError(Exception):
     """A record that cannot apply to this state: the log and the state disagree."""
 
 
-_ZERO_COUNTS = (0, 0, 0, 0, 0)
+ZERO_COUNTS = (0, 0, 0, 0, 0)
 _M32 = (1 << 32) - 1
 _M64 = (1 << 64) - 1
 
@@ -96,7 +97,7 @@ class Job:
         self.deadline = 0
         self.reserver = 0
         self.gen = 0
-        self.counts = _ZERO_COUNTS
+        self.counts = ZERO_COUNTS
 
     reserves = _counter(0)
     timeouts = _counter(1)
@@ -105,10 +106,10 @@ class Job:
     kicks = _counter(4)
 
 
-# Where a million jobs are made (State.apply_put, State.load), Job.__init__ is
-# inlined: object.__new__ and the attribute stores, no __init__ call.
+# Where a million jobs are made (State.apply_put, storage/snapshot_codec.load),
+# Job.__init__ is inlined: object.__new__ and the attribute stores, no __init__ call.
 # tests/test_put_fastpath.py checks that those places set every slot.
-_new_job = object.__new__
+new_bare_job = object.__new__
 
 
 def body_len(body: bytes | int) -> int:
@@ -167,7 +168,7 @@ class Conn:
         self.wait_deadline: int | None = None
 
 
-def _secs(ns: int) -> int:
+def secs(ns: int) -> int:
     """Nanoseconds to whole seconds, truncating toward zero as C does."""
     return ns // NS if ns >= 0 else -(-ns // NS)
 
@@ -204,8 +205,10 @@ class State:
         self.fanout: dict[str, list[str]] = {}  # parent -> fanout tubes, oldest first
         self.body_bytes = 0  # bytes of all bodies
         self.spilled_bytes = 0  # ...of which on disk
-        self.bodies = None  # the loop's body store: .drop(ref) when a spilled job goes
-        self._tube(DEFAULT_TUBE)
+        # Told the reference of a spilled body whose job goes, by whoever owns
+        # the body store (it stays beside the state: see `spill`).
+        self.on_body_dropped: Callable[[int], None] | None = None
+        self.add_tube(DEFAULT_TUBE)
         self._apply = {
             r.Put: self._put, r.Reserve: self._reserve, r.Delete: self._delete,
             r.Release: self._release, r.Bury: self._bury, r.Touch: self._touch,
@@ -257,10 +260,10 @@ class State:
             raise StateError(f"job id {id} reused")
         t = self.tubes.get(tube)
         if t is None:
-            t = self._tube(tube)
+            t = self.add_tube(tube)
         # Job(id, t, pri, delay, max(ttr, 1), body, time), without the call
         # to __init__ (a third of the cost of making a job).
-        j = _new_job(Job)
+        j = new_bare_job(Job)
         j.id = id
         j.tube = t
         j.pri = pri
@@ -270,7 +273,7 @@ class State:
         j.created = time
         j.state = READY
         j.deadline = j.reserver = j.gen = 0
-        j.counts = _ZERO_COUNTS
+        j.counts = ZERO_COUNTS
         jobs[id] = j
         self.next_job_id = id + 1
         # _arrive
@@ -290,7 +293,7 @@ class State:
         t.total_jobs += 1
         self.total_jobs += 1
         if delay:
-            self._enter_delayed(j, time + delay * NS)
+            self.enter_delayed(j, time + delay * NS)
             return
         # _enter_ready for a new job: state READY, deadline 0 and gen 0 are
         # Job's defaults, and no expiry (a Put has none; the id is new).
@@ -301,7 +304,7 @@ class State:
             t.urgent_n += 1
             self.urgent_n += 1
 
-    def _tube(self, name: str, register: bool = True) -> Tube:
+    def add_tube(self, name: str, register: bool = True) -> Tube:
         t = self.tubes.get(name)
         if t is None:
             t = self.tubes[name] = Tube(name)
@@ -377,7 +380,7 @@ class State:
             t.urgent_n += 1
             self.urgent_n += 1
 
-    def _enter_delayed(self, j: Job, deadline: int) -> None:
+    def enter_delayed(self, j: Job, deadline: int) -> None:
         t = j.tube
         j.state = DELAYED
         j.deadline = deadline
@@ -389,7 +392,7 @@ class State:
         t.delayed_n += 1
         self.delayed_n += 1
 
-    def _enter_reserved(self, j: Job, c: Conn, deadline: int) -> None:
+    def enter_reserved(self, j: Job, c: Conn, deadline: int) -> None:
         t = j.tube
         j.state = RESERVED
         j.reserver = c.id
@@ -399,7 +402,7 @@ class State:
         t.reserved_n += 1
         self.reserved_n += 1
 
-    def _enter_buried(self, j: Job) -> None:
+    def enter_buried(self, j: Job) -> None:
         j.state = BURIED
         j.deadline = 0
         j.tube.buried[j.id] = j
@@ -407,7 +410,7 @@ class State:
 
     def _enqueue(self, j: Job, delay: int, now: int) -> None:
         if delay:
-            self._enter_delayed(j, now + delay * NS)
+            self.enter_delayed(j, now + delay * NS)
         else:
             self._enter_ready(j)
 
@@ -424,7 +427,7 @@ class State:
     def _new_job(self, jid: int, tube: str, rec, body, expires: int) -> None:
         if jid in self.jobs or jid < self.next_job_id:
             raise StateError(f"job id {jid} reused")
-        t = self._tube(tube)
+        t = self.add_tube(tube)
         j = Job(jid, t, rec.pri, rec.delay, max(rec.ttr, 1), body, rec.time)
         if expires:
             self.expires[jid] = expires
@@ -466,8 +469,8 @@ class State:
         del self.jobs[j.id]
         if self.expires:
             self.expires.pop(j.id, None)
-        if isinstance(j.body, int) and self.bodies is not None:
-            self.bodies.drop(j.body)
+        if isinstance(j.body, int) and self.on_body_dropped is not None:
+            self.on_body_dropped(j.body)
         return t
 
     def _put_jobs(self, rec: r.PutJobs) -> None:
@@ -499,7 +502,7 @@ class State:
                 self.expires[jid] = expires
             else:
                 self.expires.pop(jid, None)
-            self._arrive(j, self._tube(to))
+            self._arrive(j, self.add_tube(to))
             self._enter_ready(j)
             self._maybe_drop(old)
 
@@ -533,7 +536,7 @@ class State:
             self._stop_waiting(c)
         self._leave(j)
         j.reserves += 1
-        self._enter_reserved(j, c, rec.time + j.ttr * NS)
+        self.enter_reserved(j, c, rec.time + j.ttr * NS)
 
     def _delete(self, rec: r.Delete) -> None:
         j = self._job(rec.id)
@@ -559,7 +562,7 @@ class State:
         self._leave(j)
         j.pri = rec.pri
         j.buries += 1
-        self._enter_buried(j)
+        self.enter_buried(j)
 
     def _touch(self, rec: r.Touch) -> None:
         j = self._reserved_by(rec.id, rec.conn)
@@ -580,7 +583,7 @@ class State:
 
     def _use(self, rec: r.Use) -> None:
         c = self._conn(rec.conn)
-        new = self._tube(rec.tube)
+        new = self.add_tube(rec.tube)
         new.using_n += 1
         old = self.tubes[c.use]
         old.using_n -= 1
@@ -589,7 +592,7 @@ class State:
 
     def _watch(self, rec: r.Watch) -> None:
         c = self._conn(rec.conn)
-        t = self._tube(rec.tube)
+        t = self.add_tube(rec.tube)
         if rec.tube not in c.watch:
             c.watch.append(rec.tube)
             t.watching_n += 1
@@ -921,251 +924,17 @@ class State:
                         times.append(t.unpause_at)
         return min(times) if times else None
 
-    def waiters_due(self, now: int) -> list[tuple[int, bytes]]:
-        """Waiting conns to answer now: ('deadline', cid) before ('timeout', cid)."""
+    def waiters_due(self, now: int) -> list[tuple[int, bool]]:
+        """Waiting conns to answer now, oldest first: (cid, True) when a job it
+        has reserved is near its deadline (DEADLINE_SOON, which wins), (cid,
+        False) when its own wait timed out."""
         out = []
         for c in list(self.waiters.values()):
             if self.deadline_soon(c.id, now):
-                out.append((c.id, b"DEADLINE_SOON"))
+                out.append((c.id, True))
             elif c.wait_deadline is not None and c.wait_deadline <= now:
-                out.append((c.id, b"TIMED_OUT"))
+                out.append((c.id, False))
         return out
-
-    # --- stats ---------------------------------------------------------------
-
-    def job_stats(self, j: Job, now: int) -> list[tuple[str, object]]:
-        time_left = _secs(j.deadline - now) if j.state in (RESERVED, DELAYED) else 0
-        return [
-            ("id", j.id), ("tube", j.tube.name.encode()), ("state", STATE_NAMES[j.state]),
-            ("pri", j.pri), ("age", _secs(now - j.created)), ("delay", j.delay),
-            ("ttr", j.ttr), ("time-left", time_left), ("file", 0), ("reserves", j.reserves),
-            ("timeouts", j.timeouts), ("releases", j.releases), ("buries", j.buries),
-            ("kicks", j.kicks),
-        ]
-
-    def tube_stats(self, t: Tube, now: int) -> list[tuple[str, object]]:
-        paused = t.paused(now)
-        return [
-            ("name", t.name.encode()), ("current-jobs-urgent", t.urgent_n),
-            ("current-jobs-ready", t.ready_n), ("current-jobs-reserved", t.reserved_n),
-            ("current-jobs-delayed", t.delayed_n), ("current-jobs-buried", len(t.buried)),
-            ("total-jobs", t.total_jobs), ("current-using", t.using_n),
-            ("current-watching", t.watching_n), ("current-waiting", len(t.waiting)),
-            ("cmd-delete", t.cmd_delete), ("cmd-pause-tube", t.cmd_pause),
-            ("pause", t.pause // NS if paused else 0),
-            ("pause-time-left", _secs(t.unpause_at - now) if paused else 0),
-            # smallstalk's own, after beanstalkd's keys:
-            ("jobs-expired", t.expired_n), ("jobs-discarded", t.discarded_n),
-            ("current-bytes", t.bytes_n), ("bytes-in-memory", t.bytes_n - t.spilled_n),
-            ("bytes-on-disk", t.spilled_n),
-        ]
-
-    # --- the durable form ------------------------------------------------------
-
-    def dump(self) -> Iterator[list]:
-        """The durable state as CBOR-ready items, in a canonical order.
-
-        Volatile parts (waiting reservers, connections no logged record
-        mentioned) are left out: a restart forgets them.
-        """
-        yield ["meta", self.last_seq, self.time, self.next_job_id, self.next_conn_id,
-               self.total_jobs, self.job_timeouts]
-        for epoch, history, first_seq in self.epochs:
-            yield ["epoch", epoch, history, first_seq]
-        for name in self.tube_order:
-            t = self.tubes[name]
-            yield ["tube", name, t.total_jobs, t.cmd_delete, t.cmd_pause, t.pause, t.unpause_at,
-                   t.expired_n, t.discarded_n]
-        for children in self.fanout.values():
-            for child in children:
-                yield ["fanout", child]
-        for cid in sorted(self.conns):
-            c = self.conns[cid]
-            if c.logged:
-                yield ["conn", cid, c.use, list(c.watch)]
-        for jid in sorted(self.jobs):
-            j = self.jobs[jid]
-            if j.state != BURIED:  # buried jobs follow, in their FIFO order
-                yield self._job_item(j)
-        for name in self.tube_order:
-            for j in self.tubes[name].buried.values():
-                yield self._job_item(j)
-
-    def _job_item(self, j: Job) -> list:
-        return ["job", j.id, j.tube.name, j.pri, j.delay, j.ttr, j.body, j.state, j.created,
-                j.deadline, j.reserver, j.reserves, j.timeouts, j.releases, j.buries, j.kicks,
-                self.expires.get(j.id, 0)]
-
-    @classmethod
-    def load(cls, items) -> State:
-        """Rebuild a state from snapshot items: `dump()` items (a `job` item
-        per job, formats 1 and 2) and format 3's `jobs` items (many jobs each).
-
-        A job's body may already be an int reference (a reader that keeps
-        bodies on disk puts it there); it is counted as spilled.
-        """
-        s = cls()
-        s.tubes.clear()
-        s.tube_order.clear()
-        s.fanout.clear()
-        jobs = s.jobs
-        ready_keys: dict[Tube, list[int]] = {}
-        tubes = s.tubes
-        expires = s.expires
-        expiry_heap = s.expiry_heap
-        new_job = _new_job
-        # Jobs come in runs of one tube: the tube and its ready keys are looked
-        # up when the name changes. Any other item may change the tubes.
-        last_tube = t = keys = None
-        # The bulk of a big snapshot is job items: this loop is the restart time
-        # (see the README's start-up row), so it stays flat and call-free.
-        for item in items:
-            kind = item[0]
-            if kind == "job":
-                if len(item) == 17:  # format 2
-                    (_, jid, tube, pri, delay, ttr, body, st, created, deadline, reserver,
-                     reserves, timeouts, releases, buries, kicks, exp) = item
-                else:
-                    (_, jid, tube, pri, delay, ttr, body, st, created, deadline, reserver,
-                     reserves, timeouts, releases, buries, kicks, *rest) = item
-                    exp = rest[0] if rest else 0
-                if tube != last_tube or last_tube is None:
-                    t = tubes[tube]
-                    last_tube = tube
-                    keys = ready_keys.get(t)
-                    if keys is None:
-                        keys = ready_keys[t] = []
-                j = new_job(Job)  # Job.__init__, inlined as in apply_put
-                j.id = jid
-                j.tube = t
-                j.pri = pri
-                j.delay = delay
-                j.ttr = ttr
-                j.body = body
-                j.created = created
-                j.state = READY
-                j.deadline = j.reserver = j.gen = 0
-                if reserves or timeouts or releases or buries or kicks:
-                    j.counts = (reserves, timeouts, releases, buries, kicks)
-                else:
-                    j.counts = _ZERO_COUNTS
-                if exp:
-                    expires[jid] = exp
-                jobs[jid] = j
-                t.jobs_n += 1
-                if type(body) is bytes:
-                    t.bytes_n += len(body)
-                else:
-                    n = body_len(body)
-                    t.bytes_n += n
-                    t.spilled_n += n
-                if st == READY:
-                    # Collect keys, heapify once below (ready_n from their count).
-                    keys.append((pri << 96) | (jid << 32))
-                    if pri < URGENT_THRESHOLD:
-                        t.urgent_n += 1
-                    if exp:
-                        expiry_heap.append((exp, jid, 0))
-                elif st == DELAYED:
-                    s._enter_delayed(j, deadline)
-                elif st == RESERVED:
-                    s._enter_reserved(j, s.conns[reserver], deadline)
-                else:
-                    s._enter_buried(j)
-                continue
-            if kind == "jobs":
-                # Format 3. The per-job code is the `job` branch's again: a
-                # shared path that made a row of each `job` item cost format-2
-                # loads ~10%; turning each `job` item into a one-row `jobs`
-                # doubled State.load's time for them (0.25 -> 0.54 s, 300k jobs).
-                for (jid, tube, pri, delay, ttr, st, created, deadline, reserver, reserves,
-                     timeouts, releases, buries, kicks, exp), body in zip(
-                        item[1], item[2], strict=True):
-                    if tube != last_tube or last_tube is None:
-                        t = tubes[tube]
-                        last_tube = tube
-                        keys = ready_keys.get(t)
-                        if keys is None:
-                            keys = ready_keys[t] = []
-                    j = new_job(Job)  # Job.__init__, inlined as in apply_put
-                    j.id = jid
-                    j.tube = t
-                    j.pri = pri
-                    j.delay = delay
-                    j.ttr = ttr
-                    j.body = body
-                    j.created = created
-                    j.state = READY
-                    j.deadline = j.reserver = j.gen = 0
-                    if reserves or timeouts or releases or buries or kicks:
-                        j.counts = (reserves, timeouts, releases, buries, kicks)
-                    else:
-                        j.counts = _ZERO_COUNTS
-                    if exp:
-                        expires[jid] = exp
-                    jobs[jid] = j
-                    t.jobs_n += 1
-                    if type(body) is bytes:
-                        t.bytes_n += len(body)
-                    else:
-                        n = body_len(body)
-                        t.bytes_n += n
-                        t.spilled_n += n
-                    if st == READY:
-                        # Collect keys, heapify once below (ready_n from their count).
-                        keys.append((pri << 96) | (jid << 32))
-                        if pri < URGENT_THRESHOLD:
-                            t.urgent_n += 1
-                        if exp:
-                            expiry_heap.append((exp, jid, 0))
-                    elif st == DELAYED:
-                        s._enter_delayed(j, deadline)
-                    elif st == RESERVED:
-                        s._enter_reserved(j, s.conns[reserver], deadline)
-                    else:
-                        s._enter_buried(j)
-                continue
-            last_tube = None
-            if kind == "tube":
-                _, name, total, cmd_delete, cmd_pause, pause, unpause_at, *rest = item
-                t = s._tube(name, register=False)  # "fanout" items say which are
-                t.total_jobs, t.cmd_delete, t.cmd_pause = total, cmd_delete, cmd_pause
-                t.pause, t.unpause_at = pause, unpause_at
-                if rest:
-                    t.expired_n, t.discarded_n = rest
-            elif kind == "fanout":
-                child = item[1]
-                children = s.fanout.setdefault(fanout_parent(child), [])
-                if child not in children:
-                    children.append(child)
-            elif kind == "conn":
-                _, cid, use, watch = item
-                c = s.conns[cid] = Conn(cid)
-                c.logged = True
-                c.use = use
-                c.watch = list(watch)
-                s.tubes[use].using_n += 1
-                for name in watch:
-                    s.tubes[name].watching_n += 1
-            elif kind == "epoch":
-                if s.epochs and item[1] <= s.epochs[-1][0]:
-                    raise StateError(f"epoch {item[1]} does not follow {s.epochs[-1][0]}")
-                s.epochs.append((item[1], item[2], item[3]))
-            elif kind == "meta":
-                (_, s.last_seq, s.time, s.next_job_id, s.next_conn_id, s.total_jobs,
-                 s.job_timeouts) = item
-            else:
-                raise StateError(f"unknown snapshot item {kind!r}")
-        for t, keys in ready_keys.items():  # fresh jobs: state READY, gen 0, as keyed
-            t.ready.extend(keys)
-            heapq.heapify(t.ready)
-            t.ready_n += len(keys)
-            s.ready_n += len(keys)
-        s.urgent_n = sum(t.urgent_n for t in s.tubes.values())
-        heapq.heapify(s.expiry_heap)
-        s.body_bytes = sum(t.bytes_n for t in s.tubes.values())
-        s.spilled_bytes = sum(t.spilled_n for t in s.tubes.values())
-        return s
 
     def check(self) -> None:
         """Assert the invariants in the module docstring (for tests)."""

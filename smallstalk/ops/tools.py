@@ -34,7 +34,7 @@ import attrs
 from smallstalk.core import records
 from smallstalk.core import records as r
 from smallstalk.core.state import BURIED, DELAYED, READY, RESERVED, State, StateError
-from smallstalk.storage import aof, history, snapshot
+from smallstalk.storage import aof, history, snapshot, snapshot_codec
 from smallstalk.storage.aof import CorruptionError
 from smallstalk.storage.history import HistoryFolded
 from smallstalk.storage.recovery import apply_next
@@ -848,7 +848,7 @@ def _same_job(a: list, b: list) -> bool:
 
 
 # Snapshot items of an older format, padded to today's layout: fields are only ever
-# appended, and State.load reads a missing one as 0 (snapshots/README.md, Versioning).
+# appended, and snapshot_codec.load reads a missing one as 0 (snapshots/README.md, Versioning).
 _ITEM_LENGTHS = {"tube": 9, "job": 17}
 
 
@@ -969,7 +969,7 @@ def _verify(od: history.OpenDir, rep: VerifyReport,
                 if compare_at is not None and rec.seq == compare_at:
                     items = history.iter_snapshot(newest.path, newest_file)
                     try:
-                        diff = _mismatch(items, state.dump())
+                        diff = _mismatch(items, snapshot_codec.dump(state))
                     finally:
                         items.close()
                     compare_at = None
@@ -1049,7 +1049,7 @@ def _try_load(snap: history.SnapshotFile, file: IO[bytes] | None, rep: VerifyRep
 
 def _load_snapshot(path: Path, file: IO[bytes] | None = None) -> State:
     try:
-        return State.load(history.iter_snapshot(path, file))
+        return snapshot_codec.load(history.iter_snapshot(path, file))
     except (StateError, TypeError, ValueError, KeyError, IndexError) as e:
         raise CorruptionError(path, 0, None, f"snapshot items do not load: {e!r}") from None
 
@@ -1295,12 +1295,12 @@ def write_snapshot(state: State, target: Path) -> Path:
     for in `DATA_DIR/snapshots/`. Otherwise the file `target` itself.
     """
     if target.is_dir():
-        return snapshot.write(target, state.last_seq, state.dump())
+        return snapshot.write(target, state.last_seq, snapshot_codec.dump(state))
     parent = target.parent
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".smallstalk-replay-", dir=parent))
     try:
-        written = snapshot.write(tmp, state.last_seq, state.dump())
+        written = snapshot.write(tmp, state.last_seq, snapshot_codec.dump(state))
         os.replace(written, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -18,6 +18,7 @@ from smallstalk.config import VERSION as SMALLSTALK_VERSION
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import BURIED, DELAYED, NS, RESERVED, State, body_len
+from smallstalk.core.stats import job_stats, tube_stats
 from smallstalk.server.policy import TubePolicy, render
 
 if TYPE_CHECKING:
@@ -246,7 +247,7 @@ def stats_job(lp: MutationLoop, s: Session, cmd: p.StatsJob):
     job = lp.state.jobs.get(cmd.id)
     if job is None:
         return p.NOT_FOUND
-    return p.yaml_dict(lp.state.job_stats(job, lp.now))
+    return p.yaml_dict(job_stats(job, lp.now))
 
 
 def stats_tube(lp: MutationLoop, s: Session, cmd: p.StatsTube):
@@ -257,7 +258,7 @@ def stats_tube(lp: MutationLoop, s: Session, cmd: p.StatsTube):
     counters = lp.tube_counters.get(cmd.tube, {})
     extra = [("puts-refused", counters.get("puts-refused", 0)),
              ("fanout-tubes", len(lp.state.fanout.get(cmd.tube, ())))]
-    return p.yaml_dict(lp.state.tube_stats(tube, lp.now) + extra)
+    return p.yaml_dict(tube_stats(tube, lp.now) + extra)
 
 
 def stats(lp: MutationLoop, s: Session, cmd: p.Stats):

@@ -365,7 +365,7 @@ class MutationLoop:
         """Read-behind: bodies past `store`'s budget (and the tubes' max-memory) go to disk."""
         self.bodies = store
         store.tube_budget = self._tube_memory
-        self.state.bodies = store
+        self.state.on_body_dropped = store.drop
 
     def _tube_memory(self, tube: str) -> int:
         return self.policies.of(tube).max_memory
@@ -603,10 +603,10 @@ class MutationLoop:
             self.grant_waiters()
         except Unavailable:
             return
-        for cid, what in st.waiters_due(now):
+        for cid, soon in st.waiters_due(now):
             s = self.sessions.get(cid)
             if s is not None:
-                self._answer_wait(s, p.DEADLINE_SOON if what == b"DEADLINE_SOON" else p.TIMED_OUT)
+                self._answer_wait(s, p.DEADLINE_SOON if soon else p.TIMED_OUT)
         self.grant_waiters()
 
     def _expiry_moves(self, due: list[int]) -> list[tuple[int, str, int]]:

@@ -51,7 +51,7 @@ def fold(data_dir: Path, segments: list[Path], max_memory: int = 0) -> Path:
     snaps = aof.list_snapshots(snap_dir)
     store = BodyStore(max_memory) if max_memory else None
     state = snapshot.load(snaps[-1][1], store) if snaps else State()
-    state.bodies = store
+    state.on_body_dropped = store.drop if store is not None else None
     keys: dict = {}
     try:
         for path in segments:
@@ -65,7 +65,7 @@ def fold(data_dir: Path, segments: list[Path], max_memory: int = 0) -> Path:
                 if apply_next(state, path, offset, rec) and store and type(rec) in PUTS:
                     spill_record(store, state, rec, path, body_offset(data, offset, rec), keys)
             del data
-        return snapshot.write_state(snap_dir, state, index=store is not None)
+        return snapshot.write_state(snap_dir, state, store, index=store is not None)
     finally:
         if store is not None:
             store.close()

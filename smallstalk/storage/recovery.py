@@ -52,7 +52,8 @@ def recover(data_dir: Path, repair: bool = True, until_seq: int | None = None,
             bodies: BodyStore | None = None) -> Recovered:
     """Rebuild the state from `data_dir`. With repair=False nothing is written.
 
-    `bodies`: keep bodies past its budgets on disk; it becomes `state.bodies`.
+    `bodies`: keep bodies past its budgets on disk; the state tells it which go
+    (`state.on_body_dropped`).
     """
     # Loading allocates millions of objects and no garbage cycles: the cyclic
     # collector would run over and over for nothing (23% of a 1M-job restart).
@@ -75,7 +76,7 @@ def _recover(data_dir: Path, repair: bool, until_seq: int | None,
     else:
         snap_path = None
         state = State()
-    state.bodies = bodies
+    state.on_body_dropped = bodies.drop if bodies is not None else None
     spill = bodies is not None and bodies.active
     keys: dict = {}
     result = Recovered(state, [], snap_path)

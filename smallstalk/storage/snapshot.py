@@ -2,7 +2,7 @@
 
 `DATA_DIR/snapshots/<last seq, 20 digits>.snap` holds the same 24-byte header
 as a segment (magic `SSTKSNP\\0`, the last sequence number it contains), then
-one frame per item of `State.dump()`, except that jobs go up to `JOBS_PER_ITEM`
+one frame per item of `snapshot_codec.dump`, except that jobs go up to `JOBS_PER_ITEM`
 to a frame as one `jobs` item (format 3; formats 1 and 2 had a `job` item per
 job), and a final `["end", item count]` frame; a file without that final frame
 is incomplete and never used.
@@ -34,7 +34,7 @@ from pathlib import Path
 import cbor2
 
 from smallstalk.core.state import State, StateError
-from smallstalk.storage import aof
+from smallstalk.storage import aof, snapshot_codec
 from smallstalk.storage.aof import CorruptionError
 
 BODY_INDEX_MAGIC = b"SSTKBDX\x00"
@@ -103,7 +103,7 @@ def _body_ends(bodies: list[bytes], payload_end: int) -> list[int]:
 
 
 def write(directory: Path, last_seq: int, items: Iterable[list], index: bool = False) -> Path:
-    """Write a snapshot of `items` (`State.dump()` items) at `last_seq`; return its final path.
+    """Write a snapshot of `items` (`snapshot_codec.dump` items) at `last_seq`; return its final path.
 
     Runs of `job` items are written as `jobs` items (see JOBS_PER_ITEM).
     `index`: also write `<seq>.bodies` (see `index_path`): for every job, its
@@ -176,11 +176,12 @@ def write(directory: Path, last_seq: int, items: Iterable[list], index: bool = F
     return final
 
 
-def write_state(directory: Path, state: State, index: bool = False) -> Path:
-    """Write `state`; bodies read-behind keeps on disk are read back as it goes."""
+def write_state(directory: Path, state: State, bodies=None, index: bool = False) -> Path:
+    """Write `state`; bodies read-behind keeps on disk (in `bodies`) are read back as it goes."""
     from smallstalk.storage.bodies import resolve_items
 
-    return write(directory, state.last_seq, resolve_items(state.dump(), state.bodies), index)
+    return write(directory, state.last_seq, resolve_items(snapshot_codec.dump(state), bodies),
+                 index)
 
 
 def index_entries(path: Path) -> memoryview:
@@ -266,7 +267,7 @@ def iter_items(path: Path, bodies=None, jobs_items: bool = False) -> Iterator[li
 
     A `jobs` item comes as its jobs' `job` items (`job_rows`), so a reader
     sees one layout whatever the format; `jobs_items`: as it is (for
-    `State.load`, which reads it faster than as many `job` items).
+    `snapshot_codec.load`, which reads it faster than as many `job` items).
 
     With a body store `bodies` that has a budget (read-behind), a job's body
     stays in its item while the server budget and its tube's budget allow
@@ -319,7 +320,7 @@ def _item_batches(path: Path, bodies, jobs_items: bool = False) -> Iterator[list
                 and all(decoded)):
             # The common case, checked in C: every payload decodes to a
             # non-empty list, and none is the `end` item (that batch, or one
-            # with damage, takes the item-by-item path below); State.load's
+            # with damage, takes the item-by-item path below); snapshot_codec.load's
             # unpacking checks the `jobs` items it gets. Expanding them is the
             # item-by-item path's job.
             kinds = set(map(first, decoded))
@@ -405,11 +406,11 @@ def load(path: Path, bodies=None) -> State:
         last_seq = aof.read_header(path, f.read(aof.HEADER_SIZE), aof.SNAPSHOT_MAGIC)
     # As in recovery.recover: millions of objects and no cycles, so the cyclic
     # collector would only run over and over (and over the decoded batches
-    # waiting for State.load). Also for callers with it on (a replica's resync).
+    # waiting for snapshot_codec.load). Also for callers with it on (a replica's resync).
     enabled = gc.isenabled()
     gc.disable()
     try:
-        state = State.load(iter_items(path, bodies, jobs_items=True))
+        state = snapshot_codec.load(iter_items(path, bodies, jobs_items=True))
     except (StateError, TypeError, ValueError, KeyError, IndexError) as e:
         raise CorruptionError(path, 0, last_seq, f"snapshot items do not load: {e!r}") from None
     finally:
@@ -417,5 +418,5 @@ def load(path: Path, bodies=None) -> State:
             gc.enable()
     if state.last_seq != last_seq:
         raise CorruptionError(path, 0, last_seq, f"header says seq {last_seq}, body {state.last_seq}")
-    state.bodies = bodies
+    state.on_body_dropped = bodies.drop if bodies is not None else None
     return state
