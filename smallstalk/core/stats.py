@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from smallstalk.core.state import DELAYED, NS, RESERVED, Job, Tube, secs
+from smallstalk.core.model import DELAYED, NS, RESERVED, Job, Tube, secs
 
 STATE_NAMES = (b"ready", b"delayed", b"reserved", b"buried")
 

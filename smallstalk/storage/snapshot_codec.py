@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator
 
-from smallstalk.core.state import (
+from smallstalk.core.model import (
     BURIED,
     DELAYED,
     READY,
@@ -19,13 +19,13 @@ from smallstalk.core.state import (
     ZERO_COUNTS,
     Conn,
     Job,
-    State,
     StateError,
     Tube,
     body_len,
     fanout_parent,
     new_bare_job,
 )
+from smallstalk.core.state import State
 
 
 def dump(state: State) -> Iterator[list]:
