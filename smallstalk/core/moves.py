@@ -31,6 +31,8 @@ from smallstalk.core.model import (
 
 
 class Moves:
+    """Mixed into State: its fields, and the steps that change them."""
+
     def __init__(self) -> None:
         self.jobs: dict[int, Job] = {}
         self.tubes: dict[str, Tube] = {}
@@ -60,9 +62,9 @@ class Moves:
         # the body store (it stays beside the state: see `spill`).
         self.on_body_dropped: Callable[[int], None] | None = None
         self.add_tube(DEFAULT_TUBE)
-        self.add_tube(DEFAULT_TUBE)
 
     def add_tube(self, name: str, register: bool = True) -> Tube:
+        """The tube `name`, made if missing (and, if `register`, made a fanout copy target)."""
         t = self.tubes.get(name)
         if t is None:
             t = self.tubes[name] = Tube(name)
