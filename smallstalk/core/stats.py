@@ -19,6 +19,7 @@ def job_stats(j: Job, now: int) -> list[tuple[str, object]]:
         ("kicks", j.kicks),
     ]
 
+
 def tube_stats(t: Tube, now: int) -> list[tuple[str, object]]:
     paused = t.paused(now)
     return [
