@@ -49,6 +49,10 @@ NEED_NO_SYNC = frozenset({r.Reserve})
 LAZY_SYNC = 0.005
 
 
+class Unavailable(Exception):
+    """The AOF cannot take records right now (it failed recently: `failed_until`)."""
+
+
 class Unsynced:
     """A turn whose records are written and not yet fsynced: what waits for it."""
 

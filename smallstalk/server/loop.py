@@ -7,9 +7,8 @@ received chunk, not per command). Each turn of the loop:
 2. runs each session's commands in order through `dispatch`, which logs a
    record per change: the record is staged in the AOF's buffer (commit.py),
    *then* applied to the state; a reserve with nothing to take parks the session;
-3. runs the timers: delayed jobs whose time came (`Promote`), reservations
-   whose TTR ran out (`Timeout`), waiting reserves to grant, to time out, or
-   to warn with DEADLINE_SOON;
+3. runs the timers (timers.py): delayed jobs whose time came, reservations
+   whose TTR ran out, waiting reserves to grant, to time out, or to warn;
 4. commits the AOF once for the whole turn and only then sends every session
    its replies, one blob per session (group commit: `GroupCommit.finish_turn`,
    which also says when replies wait past the turn, and what a disk error does).
@@ -32,9 +31,9 @@ import trio
 
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
-from smallstalk.core.state import NS, State
-from smallstalk.server import dispatch
-from smallstalk.server.commit import GroupCommit
+from smallstalk.core.state import State
+from smallstalk.server import dispatch, timers
+from smallstalk.server.commit import GroupCommit, Unavailable
 from smallstalk.server.policy import ConfigError, Policies, load_policies
 from smallstalk.server.session import Session
 from smallstalk.storage.aof import FSYNC_ALWAYS
@@ -42,10 +41,6 @@ from smallstalk.storage.bodies import BodyError, spill_record
 from smallstalk.storage.journal import Journal
 
 log = logging.getLogger("smallstalk.server.loop")
-
-class Unavailable(Exception):
-    """The AOF cannot take records right now."""
-
 
 class ReadOnly(Exception):
     """This server does not accept changes from clients (a replica)."""
@@ -65,6 +60,8 @@ def wall_clock() -> int:
 
 
 class MutationLoop:
+    """The queue state, the sessions, and the turns that change them (see above)."""
+
     def __init__(
         self,
         state: State,
@@ -211,7 +208,6 @@ class MutationLoop:
             c.turn_payloads.append((seq, payload))
         self.state.apply_put(seq, now, conn, job_id, tube, pri, delay, ttr, body)
 
-
     def apply_replicated(self, records: list) -> None:
         """A replica's way in: the primary's records, with the primary's seqs."""
         st = self.state
@@ -249,7 +245,6 @@ class MutationLoop:
             return data
         return body
 
-
     def spill(self, puts: list) -> None:
         """After a commit: bodies of the turn's `puts` (GroupCommit.turn_puts) past
         a memory budget go to disk, newest first (their records are in the file now)."""
@@ -263,7 +258,6 @@ class MutationLoop:
 
     def volatile(self, cls: type, *fields) -> None:
         self.state.apply(cls(0, self.now, *fields))
-
 
     # --- the loop ----------------------------------------------------------------
 
@@ -286,7 +280,7 @@ class MutationLoop:
     async def _run_turns(self) -> None:
         inbox = self._inbox
         while True:
-            wait = self._seconds_to_next_deadline()
+            wait = timers.seconds_to_next_deadline(self)
             item = None
             if wait is None:
                 item = await inbox.receive()
@@ -304,27 +298,6 @@ class MutationLoop:
                 except trio.WouldBlock:
                     break
             await self.turn(batch)
-
-    def _seconds_to_next_deadline(self) -> float | None:
-        wait = self._seconds_to_state_deadline()
-        left = self.commit.seconds_to_deadline()  # parked replies, a lazy fsync
-        if left is not None:
-            wait = left if wait is None else min(wait, left)
-        return wait
-
-    def _seconds_to_state_deadline(self) -> float | None:
-        now = self.clock()
-        deadline = self.state.next_deadline(now)
-        failed_until = self.commit.failed_until
-        if failed_until:
-            # Timers may not log while the AOF is failing: look again later.
-            retry = max(failed_until - trio.current_time(), 0.0)
-            if deadline is None:
-                return retry if retry > 0 else None
-            return max((deadline - now) / NS, retry)
-        if deadline is None:
-            return None
-        return max((deadline - now) / NS, 0.0)
 
     async def turn(self, batch: list) -> None:
         self.now = self.clock()
@@ -344,7 +317,7 @@ class MutationLoop:
             elif kind == "eof":
                 s.halfclosed = True
                 if s.blocked:
-                    self._answer_wait(s, p.TIMED_OUT)
+                    self.answer_wait(s, p.TIMED_OUT)
             elif kind == "close":
                 self._close(s)
             elif kind == "call":
@@ -354,7 +327,7 @@ class MutationLoop:
                 except Exception as e:  # handed back to the caller
                     box.append(e)
                 calls.append((box, done))
-        self._timers()
+        timers.run(self)
         # Grants made possible by this turn's commands (a put for a waiter).
         if not self.read_only and not c.failed_until:
             try:
@@ -401,7 +374,8 @@ class MutationLoop:
             s.inflight -= s.pending_bytes
             s.pending_bytes = 0
 
-    def _answer_wait(self, s: Session, reply: bytes) -> None:
+    def answer_wait(self, s: Session, reply: bytes) -> None:
+        """End the wait of `s`'s reserve with `reply`; run what it held up."""
         must_sync = self.commit.must_sync
         if must_sync > s.need:
             s.need = must_sync
@@ -427,33 +401,6 @@ class MutationLoop:
                 pass  # not logged: the next start's Restart record releases them
         # Seq 0: applied, not logged (the connection left no trace in the log).
         self.state.apply(r.Disconnect(0, self.now, s.id))
-
-    def _timers(self) -> None:
-        """Everything that happens because time passed, as records."""
-        c = self.commit
-        c.expire_parked()
-        if self.read_only or (c.failed_until and trio.current_time() < c.failed_until):
-            return
-        st = self.state
-        now = self.now
-        try:
-            due = st.due_promotions(now)
-            if due:
-                self.log(r.Promote, due)
-            due = st.due_timeouts(now)
-            if due:
-                self.log(r.Timeout, due)
-            due = st.due_expiries(now)
-            if due:
-                self.log(r.Expire, expiry_moves(st, self.policies, due, now))
-            self.grant_waiters()
-        except Unavailable:
-            return
-        for cid, what in st.waiters_due(now):
-            s = self.sessions.get(cid)
-            if s is not None:
-                self._answer_wait(s, p.DEADLINE_SOON if what == b"DEADLINE_SOON" else p.TIMED_OUT)
-        self.grant_waiters()
 
     def grant_waiters(self) -> None:
         st = self.state
@@ -481,16 +428,3 @@ class MutationLoop:
             s.out_mut.append(True)
             self._run(s)
 
-
-def expiry_moves(st: State, policies: Policies, due: list[int],
-                 now: int) -> list[tuple[int, str, int]]:
-    """Where each expiring job goes (its tube's expire-to, "" = deleted)."""
-    moves = []
-    for jid in due:
-        name = st.jobs[jid].tube.name
-        to = policies.of(name).expire_to
-        if to == name:
-            to = ""
-        age = policies.of(to).max_age if to else 0
-        moves.append((jid, to, now + age * NS if age else 0))
-    return moves
