@@ -185,8 +185,8 @@ class MutationLoop:
 
     def log_put(self, conn: int, job_id: int, tube: str, pri: int, delay: int, ttr: int,
                 body: bytes) -> None:
-        """`log(r.Put, ...)` for the everyday put, without making the record
-        (a few us of a put's ~20): the same bytes staged, the same state change."""
+        """`log(r.Put, ...)` for the everyday put, without making the record:
+        the same bytes staged, the same state change."""
         j = self.journal
         store = self.bodies
         c = self.commit
