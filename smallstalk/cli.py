@@ -15,9 +15,9 @@ import sys
 
 import trio
 
+from smallstalk import __version__
 from smallstalk.config import (
     SERVE_HELP,
-    VERSION,
     ServeConfig,
     UsageError,
     parse_serve,
@@ -27,7 +27,7 @@ from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import State
 from smallstalk.launch import listen_address
-from smallstalk.replication.feed import new_history
+from smallstalk.replication.feed import Hooks, new_history
 from smallstalk.replication.follower import Follower
 from smallstalk.server.connection import open_listeners, serve_listeners
 from smallstalk.server.loop import MutationLoop
@@ -119,6 +119,7 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
                       min_replica_acks=cfg.min_replica_acks,
                       replica_ack_timeout=cfg.replica_ack_timeout)
     lp.policies = cfg.policies
+    lp.replication = Hooks()  # `replicate` and `promote` (server/ does not import replication/)
     if journal is not None:
         lp.use_bodies(bodies)
     lp.config_path = cfg.config_path
@@ -148,7 +149,7 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
             if cfg.user:
                 _drop_privileges(cfg.user)
             where = cfg.addr if cfg.addr.startswith("unix:") else f"{cfg.addr}:{cfg.port}"
-            log.info("smallstalk %s listening on %s (fsync %s%s)", VERSION, where,
+            log.info("smallstalk %s listening on %s (fsync %s%s)", __version__, where,
                      cfg.fsync if journal else "n/a, in memory",
                      f", replica of {cfg.replica_of[0]}:{cfg.replica_of[1]}"
                      if cfg.replica_of else "")

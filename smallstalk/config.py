@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from smallstalk import __version__
 from smallstalk.core import protocol
 from smallstalk.server.policy import (
     ConfigError,
@@ -24,8 +25,6 @@ from smallstalk.server.policy import (
     read_toml,
 )
 from smallstalk.storage.aof import FSYNC_ALWAYS, FSYNC_INTERVAL, FSYNC_NEVER
-
-VERSION = "0.1.0"
 
 SERVE_HELP = """\
 Usage: smallstalk serve [OPTIONS]     (or: smallstalk [beanstalkd flags])
@@ -148,7 +147,7 @@ def parse_serve(argv: list[str]) -> ServeConfig | str:
                 flags_seen.append((name, ""))
                 continue
             if name == "--version":
-                return f"smallstalk {VERSION}"
+                return f"smallstalk {__version__}"
             if name not in LONG_OPTIONS:
                 raise UsageError(f"unknown option: {arg}")
             if not eq:
@@ -178,7 +177,7 @@ def parse_serve(argv: list[str]) -> ServeConfig | str:
             elif ch in "FV":
                 flags_seen.append((f"-{ch}", ""))
             elif ch == "v":
-                return f"smallstalk {VERSION}"
+                return f"smallstalk {__version__}"
             elif ch == "h":
                 return SERVE_HELP
             elif ch in "cn":

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from smallstalk import cli
+from smallstalk import __version__, cli
 from smallstalk.config import (
     SERVE_HELP,
     ServeConfig,
@@ -509,3 +509,8 @@ def test_every_key_is_documented() -> None:
     doc = (REPO / "docs" / "CONFIG.md").read_text()
     for key in [*SERVER_KEYS, *TUBE_KEYS]:
         assert f"| `{key}` |" in doc, key
+
+
+def test_version_flag_prints_the_package_version() -> None:
+    assert parse_serve(["--version"]) == f"smallstalk {__version__}"
+    assert parse_serve(["-v"]) == f"smallstalk {__version__}"  # beanstalkd's short flag

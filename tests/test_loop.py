@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import trio
 
+import smallstalk
 from smallstalk.core import protocol as p
 from smallstalk.core import records
 from smallstalk.storage import aof
@@ -212,3 +213,20 @@ async def test_live_put_path_logs_what_a_put_record_encodes_to(tmp_path, nursery
         live, again = loop.state.jobs[jid], replayed.jobs[jid]
         assert (live.pri, live.ttr, live.state, live.deadline, live.body, live.tube.name) == (
             again.pri, again.ttr, again.state, again.deadline, again.body, again.tube.name)
+
+
+async def test_a_loop_without_replication_hooks_refuses_replicate_and_promote(
+        lp, autojump_clock) -> None:
+    # server/ never imports replication/: the hooks come from cli.py, and a loop
+    # started without them says so, and goes on serving.
+    c = Client(lp)
+    assert await c.ask(p.render(p.Replicate(0, "", 0))) == \
+        b"REFUSED this server cannot feed replicas\r\n"
+    assert await c.ask(b"promote\r\n") == b"NOT_A_REPLICA\r\n"
+    assert await c.ask(b"put 0 0 10 1\r\na\r\n") == b"INSERTED 1\r\n"
+
+
+async def test_stats_names_the_package_version(lp, autojump_clock) -> None:
+    reply = await Client(lp).ask(b"stats\r\n")
+    assert b'\nsmallstalk-version: "%s"\n' % smallstalk.__version__.encode() in reply
+    assert b'\nversion: "1.12"\n' in reply  # the beanstalkd protocol clients see

@@ -17,7 +17,8 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from smallstalk.server.loop import LAZY_SYNC, RETRY_AFTER_FAILURE, MutationLoop
+from smallstalk.server.commit import LAZY_SYNC, RETRY_AFTER_FAILURE
+from smallstalk.server.loop import MutationLoop
 from smallstalk.storage.journal import INLINE_SYNC_RECORDS, Journal
 from smallstalk.storage.recovery import recover
 from smallstalk.storage.syncer import Syncer

@@ -38,11 +38,15 @@ import trio
 
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
+from smallstalk.server.dispatch import NOREPLY
 from smallstalk.storage import aof
 from smallstalk.storage.recovery import paths
 
 if TYPE_CHECKING:
-    from smallstalk.server.loop import MutationLoop, Session
+    from collections.abc import Callable
+
+    from smallstalk.server.loop import MutationLoop
+    from smallstalk.server.session import Session
 
 log = logging.getLogger("smallstalk.replication.feed")
 
@@ -88,11 +92,13 @@ class Feed:
             if f is not None:
                 f.close()
 
+    async def run(self, stream: trio.abc.Stream, committed: Callable[[], int]) -> None:
+        """What the replica's connection does once `replicate` is answered."""
+        await run_feed(stream, self, committed)
+
 
 def start_feed(lp: MutationLoop, s: Session, cmd: p.Replicate):
     """Decide how to feed this replica (inside the loop, so the state holds still)."""
-    from smallstalk.server.dispatch import NOREPLY
-
     if lp.journal is None:
         return p.refused(b"no data directory: nothing to replicate")
     if lp.role != "primary":
@@ -200,3 +206,14 @@ def promote(lp: MutationLoop) -> int:
     lp.log(r.NewEpoch, epoch, new_history())
     log.info("promoted to primary, epoch %d", epoch)
     return epoch
+
+
+class Hooks:
+    """The server's way into replication (`MutationLoop.replication`): cli.py
+    installs it, so server/ never imports this package."""
+
+    def start_feed(self, lp: MutationLoop, s: Session, cmd: p.Replicate) -> object:
+        return start_feed(lp, s, cmd)
+
+    def promote(self, lp: MutationLoop) -> int:
+        return promote(lp)

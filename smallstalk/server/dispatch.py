@@ -14,7 +14,7 @@ import os
 import resource
 from typing import TYPE_CHECKING
 
-from smallstalk.config import VERSION as SMALLSTALK_VERSION
+from smallstalk import __version__
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import BURIED, DELAYED, NS, RESERVED, State, body_len
@@ -22,7 +22,9 @@ from smallstalk.core.stats import job_stats, tube_stats
 from smallstalk.server.policy import TubePolicy, render
 
 if TYPE_CHECKING:
-    from smallstalk.server.loop import MutationLoop, Session
+    from smallstalk.server.loop import MutationLoop
+    from smallstalk.server.session import Session
+    from smallstalk.storage.journal import Journal
 
 BLOCK = object()  # the reserve waits; the loop answers it later
 CLOSE = object()  # quit: answer nothing more and close
@@ -294,25 +296,20 @@ def quit_(lp: MutationLoop, s: Session, cmd: p.Quit):
 
 
 def replicate(lp: MutationLoop, s: Session, cmd: p.Replicate):
-    from smallstalk.replication import (
-        feed as replication,  # the feed machinery only loads when a replica asks
-    )
-
-    return replication.start_feed(lp, s, cmd)
+    if lp.replication is None:  # a loop started without cli.py's hooks
+        return p.refused(b"this server cannot feed replicas")
+    return lp.replication.start_feed(lp, s, cmd)
 
 
 def replica_ack(lp: MutationLoop, s: Session, cmd: p.ReplicaAck):
-    lp.replica_acked(s, cmd.seq)
+    lp.commit.replica_acked(s, cmd.seq)
     return NOREPLY
 
 
 def promote(lp: MutationLoop, s: Session, cmd: p.PromoteReplica):
-    if lp.role != "replica":
+    if lp.role != "replica" or lp.replication is None:
         return p.NOT_A_REPLICA
-    from smallstalk.replication import feed as replication
-
-    epoch = replication.promote(lp)
-    return p.promoted(epoch)
+    return p.promoted(lp.replication.promote(lp))
 
 
 def delete_tube(lp: MutationLoop, s: Session, cmd: p.DeleteTube):
@@ -382,7 +379,7 @@ def server_stats(lp: MutationLoop) -> list[tuple[str, object]]:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     uname = os.uname()
     sessions = lp.sessions.values()
-    info = lp.storage_info()
+    info = _storage_info(lp.journal)
     out: list[tuple[str, object]] = [
         ("current-jobs-urgent", st.urgent_n), ("current-jobs-ready", st.ready_n),
         ("current-jobs-reserved", st.reserved_n), ("current-jobs-delayed", st.delayed_n),
@@ -408,7 +405,7 @@ def server_stats(lp: MutationLoop) -> list[tuple[str, object]]:
     ]
     # smallstalk's own keys come after beanstalkd's, so existing clients still parse.
     epoch, history = st.epoch
-    out += [("smallstalk-version", SMALLSTALK_VERSION),
+    out += [("smallstalk-version", __version__),
             ("role", lp.role.encode()), ("last-seq", st.last_seq), ("epoch", epoch),
             ("history", history or "-")]  # quoted: an all-digit id must stay a string
     bodies = lp.bodies  # read-behind (bodies.py)
@@ -421,8 +418,24 @@ def server_stats(lp: MutationLoop) -> list[tuple[str, object]]:
     else:
         acked = max((f.acked for f in lp.feeds.values()), default=0)
         out += [("replicas", len(lp.feeds)), ("replica-acked-seq", acked),
-                ("min-replica-acks", lp.min_replica_acks)]
+                ("min-replica-acks", lp.commit.min_replica_acks)]
     return out
+
+
+def _storage_info(j: Journal | None) -> dict:
+    """The binlog keys of `stats`: what the AOF holds."""
+    if j is None:  # beanstalkd shows its default file size even without -b
+        return {"oldest": 0, "current": 0, "migrated": 0, "written": 0,
+                "max_size": 10 << 20}
+    closed = j.closed_segments()
+    oldest = int(closed[0].stem) if closed else j.segment.first_seq
+    return {
+        "oldest": oldest, "current": j.segment.first_seq,
+        # beanstalkd's count of records copied by its compaction; ours folds
+        # into snapshots and copies none.
+        "migrated": 0, "written": j.records_written,
+        "max_size": j.segment_bytes,
+    }
 
 
 def _tv(seconds: float) -> bytes:
