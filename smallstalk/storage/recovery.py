@@ -28,7 +28,7 @@ import attrs
 
 from smallstalk.core import records
 from smallstalk.core.state import State, StateError
-from smallstalk.storage import aof, snapshot
+from smallstalk.storage import aof, datadir, snapshot
 from smallstalk.storage.aof import CorruptionError
 from smallstalk.storage.bodies import PUTS, BodyStore, spill_record
 
@@ -42,10 +42,6 @@ class Recovered:
     snapshot: Path | None
     records_replayed: int = 0
     warnings: list[str] = attrs.Factory(list)
-
-
-def paths(data_dir: Path) -> tuple[Path, Path]:
-    return data_dir / "aof", data_dir / "snapshots"
 
 
 def recover(data_dir: Path, repair: bool = True, until_seq: int | None = None,
@@ -67,8 +63,8 @@ def recover(data_dir: Path, repair: bool = True, until_seq: int | None = None,
 
 def _recover(data_dir: Path, repair: bool, until_seq: int | None,
              bodies: BodyStore | None) -> Recovered:
-    aof_dir, snap_dir = paths(data_dir)
-    snaps = aof.list_snapshots(snap_dir)
+    aof_dir, snap_dir = datadir.paths(data_dir)
+    snaps = datadir.list_snapshots(snap_dir)
     if snaps:
         snap_path = snaps[-1][1]
         state = snapshot.load(snap_path, bodies)
@@ -79,7 +75,7 @@ def _recover(data_dir: Path, repair: bool, until_seq: int | None,
     spill = bodies is not None and bodies.active
     keys: dict = {}
     result = Recovered(state, [], snap_path)
-    segments = aof.list_segments(aof_dir)
+    segments = datadir.list_segments(aof_dir)
     for i, (_first, path) in enumerate(segments):
         last_segment = i == len(segments) - 1
         data = path.read_bytes()
@@ -180,7 +176,7 @@ def _torn_or_corrupt(path, data, scan, last_seq, last_segment, repair, result) -
     result.warnings.append(msg)
     log.warning("%s", msg)
     if repair:
-        broken = path.with_name(path.name + ".broken")
+        broken = datadir.broken_path(path)
         broken.write_bytes(data[scan.end:])
         with open(path, "r+b") as f:
             f.truncate(scan.end)
