@@ -61,9 +61,9 @@ Commands:
 # Commands that live in their own modules: "module:function", imported on use
 # so the server never loads the tools (or PySpark) it does not need.
 TOOL_COMMANDS = {
-    "aof": "smallstalk.ops.tools:main_aof",
-    "replay": "smallstalk.ops.tools:main_replay",
-    "job-history": "smallstalk.ops.tools:main_job_history",
+    "aof": "smallstalk.ops.aof:main",
+    "replay": "smallstalk.ops.replay:main",
+    "job-history": "smallstalk.ops.job_history:main",
     "analyze": "smallstalk.analytics:main",
     "worker": "smallstalk.worker:main",
     "config": "smallstalk.ops.config_dump:main",
