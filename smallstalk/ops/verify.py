@@ -153,11 +153,12 @@ def _verify(od: history.OpenDir, rep: VerifyReport,
                 if first_seq is None:
                     first_seq = rec.seq
                 if expected is not None and rec.seq != expected:
-                    rep.problems.append(f"{seg.path}: sequence gap at offset {offset}: expected "
-                                        f"seq {expected}, found {rec.seq}")
+                    kind = "gap" if rec.seq > expected else "overlap"
+                    rep.problems.append(f"{seg.path}: sequence {kind} at offset {offset}: "
+                                        f"expected seq {expected}, found {rec.seq}")
                     status = "DAMAGED"
                     if replaying:
-                        replaying, stopped = False, f"the sequence gap after seq {expected - 1}"
+                        replaying, stopped = False, f"the sequence {kind} after seq {expected - 1}"
                 expected = rec.seq + 1
                 last_seq = rec.seq
                 if not replaying:
@@ -230,9 +231,11 @@ def _verify(od: history.OpenDir, rep: VerifyReport,
         base, applied = f"snapshot {newest.path.name}", 0
     if first_seq is not None:
         gaps = sum("sequence gap" in p for p in rep.problems)
-        rep.rows.append(["log", "", "DAMAGED" if gaps else "ok",
-                         f"seqs {first_seq}..{last_seq}, "
-                         + (plural(gaps, "gap") if gaps else "no gaps")])
+        overlaps = sum("sequence overlap" in p for p in rep.problems)
+        breaks = ", ".join(filter(None, [plural(gaps, "gap") if gaps else "",
+                                         plural(overlaps, "overlap") if overlaps else ""]))
+        rep.rows.append(["log", "", "DAMAGED" if breaks else "ok",
+                         f"seqs {first_seq}..{last_seq}, " + (breaks or "no gaps")])
     if state is not None and not stopped:
         rep.state = state
         detail = f"{base} + {plural(applied, 'record')} -> state at seq {state.last_seq}: " \

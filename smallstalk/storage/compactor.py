@@ -36,7 +36,7 @@ from smallstalk.core.state import State, StateError
 from smallstalk.storage import aof, datadir, snapshot
 from smallstalk.storage.aof import CorruptionError
 from smallstalk.storage.bodies import COMPACTOR_BUDGET, PUTS, BodyError, BodyStore, spill_record
-from smallstalk.storage.recovery import apply_next, body_offset
+from smallstalk.storage.recovery import LogSeq, apply_next, body_offset
 
 log = logging.getLogger("smallstalk.storage.compactor")
 
@@ -53,6 +53,7 @@ def fold(data_dir: Path, segments: list[Path], max_memory: int = 0) -> Path:
     state = snapshot.load(snaps[-1][1], store) if snaps else State()
     state.bodies = store
     keys: dict = {}
+    log_seq = LogSeq(state.last_seq)
     try:
         for path in segments:
             data = path.read_bytes()
@@ -62,6 +63,9 @@ def fold(data_dir: Path, segments: list[Path], max_memory: int = 0) -> Path:
                         raise CorruptionError(path, entry.end, state.last_seq, entry.why)
                     break
                 offset, rec = entry
+                log_seq.check(path, offset, rec.seq, state.last_seq)
+                if rec.seq <= log_seq.floor:
+                    continue  # in the snapshot already
                 if apply_next(state, path, offset, rec) and store and type(rec) in PUTS:
                     spill_record(store, state, rec, path, body_offset(data, offset, rec), keys)
             del data

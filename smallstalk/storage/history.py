@@ -234,7 +234,9 @@ class SegmentReader:
         if self.short_header:
             return True
         data = self._data if self._data is not None else self.path.read_bytes()
-        return aof.later_good_frame(data, self.end) is None
+        # start-up's rule (recovery): no run of records continuing the log follows
+        last = self.last_seq if self.last_seq is not None else (self.header_seq or 1) - 1
+        return aof.later_good_frame(data, self.end, last) is None
 
     def damage(self) -> CorruptionError:
         return CorruptionError(self.path, self.end, self.last_seq, self.why or "damage")

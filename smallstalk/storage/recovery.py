@@ -75,6 +75,7 @@ def _recover(data_dir: Path, repair: bool, until_seq: int | None,
     spill = bodies is not None and bodies.active
     keys: dict = {}
     result = Recovered(state, [], snap_path)
+    log_seq = LogSeq(state.last_seq)
     segments = datadir.list_segments(aof_dir)
     for i, (_first, path) in enumerate(segments):
         last_segment = i == len(segments) - 1
@@ -85,8 +86,13 @@ def _recover(data_dir: Path, repair: bool, until_seq: int | None,
             if repair:
                 path.unlink()
             continue
-        replayed, stopped = _replay(state, path, data, last_segment, repair, until_seq,
-                                    result, bodies if spill else None, keys)
+        try:
+            replayed, stopped = _replay(state, path, data, last_segment, repair, until_seq,
+                                        result, bodies if spill else None, keys, log_seq)
+        except CorruptionError as e:
+            if e.seq is None:  # damage before the file's first record: name the last good seq
+                raise CorruptionError(e.path, e.offset, state.last_seq, e.why) from None
+            raise
         result.records_replayed += replayed
         if stopped:
             return result
@@ -95,14 +101,48 @@ def _recover(data_dir: Path, repair: bool, until_seq: int | None,
     return result
 
 
+class LogSeq:
+    """The log's sequence rule, one for start-up, `aof verify`, the compactor and replay.
+
+    Sequence numbers run on by one across every segment, those the snapshot
+    covers included; the first record read may be anywhere up to one past the
+    snapshot (`floor`). A record below the next expected one is an overlap
+    (two writers of one directory, or a segment restored twice), above it a
+    gap: both are damage, never skipped, since skipping drops acknowledged
+    records.
+    """
+
+    def __init__(self, floor: int, expected: int | None = None):
+        self.floor = floor  # the snapshot's seq: records at or below it are in it
+        self.expected = expected  # None: nothing read yet
+
+    def problem(self, seq: int) -> str | None:
+        """Why `seq` cannot come next (and then nothing changes), or None (it is taken)."""
+        expected = self.expected
+        if expected is None:
+            if seq > self.floor + 1:
+                return f"sequence gap: expected {self.floor + 1}, found {seq}"
+        elif seq != expected:
+            kind = "gap" if seq > expected else "overlap"
+            return f"sequence {kind}: expected {expected}, found {seq}"
+        self.expected = seq + 1
+        return None
+
+    def check(self, path: Path, offset: int, seq: int, last_good: int) -> None:
+        why = self.problem(seq)
+        if why is not None:
+            raise CorruptionError(path, offset, last_good, why)
+
+
 def _replay(state: State, path: Path, data: bytes, last_segment: bool, repair: bool,
             until_seq: int | None, result: Recovered, spill: BodyStore | None,
-            keys: dict) -> tuple[int, bool]:
+            keys: dict, log_seq: LogSeq) -> tuple[int, bool]:
     """Apply the records of one segment that follow the state: how many, and
     whether it stopped at `until_seq`."""
     apply_put = state.apply_put
     replayed = 0
-    last = state.last_seq  # kept here between puts: state.last_seq is the same
+    floor = log_seq.floor
+    nxt = log_seq.expected  # LogSeq's rule, inlined for the bulk of a log
     for offsets, recs, scan in aof.segment_batches(path, data, put_lists=True):
         for offset, rec in zip(offsets, recs, strict=True):
             if type(rec) is list:
@@ -110,36 +150,57 @@ def _replay(state: State, path: Path, data: bytes, last_segment: bool, repair: b
                 # apply_next's rules, applied from the fields.
                 _, seq, time, conn, jid, tube, pri, delay, ttr, body = rec
                 if until_seq is not None and seq > until_seq:
+                    log_seq.expected = nxt
                     return replayed, True
-                if seq <= last:
+                if seq != nxt:
+                    log_seq.expected = nxt
+                    log_seq.check(path, offset, seq, state.last_seq)
+                nxt = seq + 1
+                if seq <= floor:
                     continue  # already in the snapshot
-                if seq != last + 1:
-                    raise CorruptionError(path, offset, last,
-                                          f"sequence gap: expected {last + 1}, found {seq}")
                 try:
                     apply_put(seq, time, conn, jid, tube, pri, delay, ttr, body)
                 except StateError as e:
                     raise CorruptionError(path, offset, state.last_seq,
                                           f"record does not apply: {e}") from None
-                last = seq
                 if spill is not None:
                     rec = records.from_list(rec)
                     spill_record(spill, state, rec, path, body_offset(data, offset, rec), keys)
                 replayed += 1
                 continue
-            if until_seq is not None and rec.seq > until_seq:
+            seq = rec.seq
+            if until_seq is not None and seq > until_seq:
+                log_seq.expected = nxt
                 return replayed, True
-            if not apply_next(state, path, offset, rec):
+            if seq != nxt:
+                log_seq.expected = nxt
+                log_seq.check(path, offset, seq, state.last_seq)
+            nxt = seq + 1
+            if seq <= floor:
                 continue  # already in the snapshot
-            last = state.last_seq
+            apply_next(state, path, offset, rec)
             if spill is not None and type(rec) in PUTS:
                 spill_record(spill, state, rec, path, body_offset(data, offset, rec), keys)
             replayed += 1
         if scan is not None:
+            log_seq.expected = nxt
             if not scan.clean:
                 _torn_or_corrupt(path, data, scan, state.last_seq, last_segment, repair, result)
             return replayed, False
+    log_seq.expected = nxt
     return replayed, False
+
+
+def refusal(e: CorruptionError, data_dir: Path) -> str:
+    """Start-up's one line for damage: what and where, and how to recover what is intact."""
+    if e.path.suffix == datadir.SNAPSHOT_SUFFIX:
+        return (f"{e}; start-up changed nothing. The newest snapshot is damaged: "
+                f"`smallstalk aof verify {data_dir}` shows what is intact")
+    seq = e.seq if e.seq is not None else 0
+    return (f"{e}; start-up changed nothing. To recover the records up to seq {seq}: copy the "
+            f"directory to COPY, run `smallstalk replay COPY --until-seq {seq} --write-snapshot "
+            f"SNAP`, and serve a new directory holding only that snapshot in snapshots/ "
+            f"(`smallstalk aof verify {data_dir}` shows all the damage)")
 
 
 def body_offset(data: bytes, offset: int, rec) -> int:
