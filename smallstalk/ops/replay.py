@@ -31,7 +31,7 @@ from smallstalk.ops.format import (
     seq_arg,
     table,
 )
-from smallstalk.storage import aof, history, snapshot
+from smallstalk.storage import aof, datadir, history, snapshot
 from smallstalk.storage.aof import CorruptionError
 from smallstalk.storage.history import HistoryFolded, load_snapshot
 from smallstalk.storage.recovery import apply_next
@@ -146,7 +146,17 @@ def cmd_replay(args: argparse.Namespace, out: Out) -> int:
     tubes = set(args.tube or ())
     states = {STATES.index(s) for s in args.state or ()}
     if target is not None:
-        path = write_snapshot(st, target)
+        owner = datadir.owner_of(target)
+        try:
+            # Writing into a data directory: only while no server owns it.
+            held = datadir.lock(owner) if owner is not None else None
+        except datadir.Locked as e:
+            raise ToolError(f"--write-snapshot {target}: {e}") from None
+        try:
+            path = write_snapshot(st, target)
+        finally:
+            if held is not None:
+                datadir.unlock(held)
         out.stderr.write(
             f"wrote {path}: the state at seq {st.last_seq} ({plural(len(st.jobs), 'job')})\n"
             f"to serve it: mkdir -p COPY/snapshots && cp {path} COPY/snapshots/"

@@ -109,6 +109,16 @@ def strays(data_dir: Path) -> list[Path]:
     return out + temporaries(s)
 
 
+def owner_of(target: Path) -> Path | None:
+    """The data directory a snapshot written at `target` lands in, if any:
+    `target` is `D/snapshots` or a file in it."""
+    if target.name == SNAPSHOTS and target.is_dir():
+        return target.parent
+    if target.parent.name == SNAPSHOTS:
+        return target.parent.parent
+    return None
+
+
 # --- the lock ---------------------------------------------------------------------------
 
 
