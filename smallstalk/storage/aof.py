@@ -227,11 +227,11 @@ def later_good_frame(data: bytes, after: int, last_seq: int = -1) -> int | None:
     n = len(data)
     unpack = FRAME.unpack_from
     for pos in range(after + 1, n - FRAME.size):
-        length, crc = unpack(data, pos)
-        if 0 < length <= n - pos - FRAME.size:
-            payload = data[pos + FRAME.size:pos + FRAME.size + length]
-            if zlib.crc32(payload) == crc and _continues(data, pos, last_seq):
-                return pos
+        length, _crc = unpack(data, pos)
+        if (0 < length <= n - pos - FRAME.size  # (cheap: most offsets fail here)
+                and decode_frames(data, pos, [], [], 1)[0] > pos
+                and _continues(data, pos, last_seq)):
+            return pos
     return None
 
 

@@ -4,12 +4,14 @@ Rules (snapshots/README.md, "Recovery"):
 - the newest snapshot must read cleanly; damage there stops start-up;
 - records at or below the snapshot's sequence number are skipped (a crash
   between writing a snapshot and deleting the segments it covers is harmless);
-- after the snapshot, sequence numbers must follow on without a gap;
+- sequence numbers follow on by one across all segments (`LogSeq`): a gap or
+  an overlap (two processes that wrote one directory) is damage, never skipped;
 - a frame that does not check out at the end of the *last* segment, with no
   valid frame after it, is a torn write: the tail is copied aside to
   `<segment>.broken`, cut off, and start-up goes on with a warning;
-- any other damage raises CorruptionError naming file, offset and sequence
-  number. `smallstalk aof verify` reports the same.
+- any other damage raises CorruptionError naming file, offset and the last
+  good sequence number, and nothing is written. `smallstalk aof verify`
+  reports the same (`refusal` words start-up's one line).
 
 With a body store (`bodies`, read-behind), bodies past the memory budgets
 are not loaded: the snapshot's are referenced where they are in the snapshot
