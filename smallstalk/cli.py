@@ -32,11 +32,11 @@ from smallstalk.replication.follower import Follower
 from smallstalk.server.connection import open_listeners, serve_listeners
 from smallstalk.server.loop import MutationLoop
 from smallstalk.server.policy import ConfigError
-from smallstalk.storage import compactor
-from smallstalk.storage.aof import FSYNC_INTERVAL
+from smallstalk.storage import compactor, datadir
+from smallstalk.storage.aof import FSYNC_INTERVAL, CorruptionError
 from smallstalk.storage.bodies import BodyStore
 from smallstalk.storage.journal import Journal
-from smallstalk.storage.recovery import recover
+from smallstalk.storage.recovery import recover, refusal
 
 log = logging.getLogger("smallstalk")
 
@@ -62,9 +62,9 @@ Commands:
 # Commands that live in their own modules: "module:function", imported on use
 # so the server never loads the tools (or PySpark) it does not need.
 TOOL_COMMANDS = {
-    "aof": "smallstalk.ops.tools:main_aof",
-    "replay": "smallstalk.ops.tools:main_replay",
-    "job-history": "smallstalk.ops.tools:main_job_history",
+    "aof": "smallstalk.ops.aof:main",
+    "replay": "smallstalk.ops.replay:main",
+    "job-history": "smallstalk.ops.job_history:main",
     "analyze": "smallstalk.analytics:main",
     "worker": "smallstalk.worker:main",
     "config": "smallstalk.ops.config_dump:main",
@@ -83,8 +83,11 @@ def _drop_privileges(user: str) -> None:
 async def serve(cfg: ServeConfig, listen_socket=None) -> None:
     """Run the server; `listen_socket` is one launch.py already bound."""
     journal = None
+    lock = None
     if cfg.data_dir is not None:
-        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        # One directory, one process: taken before recovery writes anything, and
+        # held until the server ends (a replica's follower runs in this process).
+        lock = datadir.lock(cfg.data_dir)
         started = trio.current_time()
         # Read-behind: bodies past --max-memory (or a tube's max-memory) stay on disk.
         pol = cfg.policies
@@ -98,6 +101,9 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
         try:
             rec = recover(cfg.data_dir, bodies=bodies)
             gc.freeze()
+        except BaseException:
+            datadir.unlock(lock)  # damage: an in-process caller may try again after a repair
+            raise
         finally:
             gc.enable()
         for w in rec.warnings:
@@ -166,6 +172,8 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
     finally:
         if journal is not None:
             journal.close()
+        if lock is not None:
+            datadir.unlock(lock)
 
 
 async def _signals(scope: trio.CancelScope, lp: MutationLoop, cfg: ServeConfig | None = None,
@@ -270,6 +278,12 @@ def main(argv: list[str] | None = None, listen_socket=None) -> int:
                 trio.run(serve, cfg, listen_socket)
             except KeyboardInterrupt:
                 pass
+            except datadir.Locked as e:
+                print(f"smallstalk: {e}", file=sys.stderr)
+                return datadir.EXIT_LOCKED
+            except CorruptionError as e:
+                print(f"smallstalk: cannot start: {refusal(e, cfg.data_dir)}", file=sys.stderr)
+                return 1
             return 0
         if command in ("help", "--help", "-h"):
             print(MAIN_HELP)

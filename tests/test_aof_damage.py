@@ -299,7 +299,7 @@ def test_bit_flip_in_closed_segment_stops_startup(data: Path, tmp_path: Path, pa
     victim = fs[len(fs) // 2]
     if part == "header":
         flip_bit(seg, 12, 3)  # inside the first-seq field: the header CRC no longer matches
-        offset, after = 0, "before any record"
+        offset, after = 0, f"after seq {int(seg.stem) - 1}"  # the last good seq
     else:
         flip_bit(seg, frame_flip(victim, part), 0)
         offset = victim.offset

@@ -20,7 +20,7 @@ from hypothesis import strategies as hs
 
 from smallstalk.core import records as r
 from smallstalk.core.state import BURIED, READY, RESERVED, Job, State, StateError
-from smallstalk.storage import aof, recovery, snapshot, snapshot_codec
+from smallstalk.storage import aof, datadir, recovery, snapshot, snapshot_codec
 from smallstalk.storage.aof import CorruptionError
 
 T0 = 1_700_000_000 * 10**9
@@ -150,7 +150,7 @@ def write_segment(aof_dir: Path, recs: list) -> Path:
 
 def generic_recover(data_dir: Path) -> State:
     """Recovery as it was before the fast path: every record built and applied."""
-    aof_dir, snap_dir = recovery.paths(data_dir)
+    aof_dir, snap_dir = datadir.paths(data_dir)
     snaps = aof.list_snapshots(snap_dir)
     st = snapshot.load(snaps[-1][1]) if snaps else State()
     for _first, path in aof.list_segments(aof_dir):

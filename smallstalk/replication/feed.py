@@ -39,8 +39,7 @@ import trio
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.server.dispatch import NOREPLY
-from smallstalk.storage import aof
-from smallstalk.storage.recovery import paths
+from smallstalk.storage import aof, datadir
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -114,15 +113,15 @@ def start_feed(lp: MutationLoop, s: Session, cmd: p.Replicate):
         return p.refused(b"replica history %d/%s is newer than ours %d/%s" % (
             cmd.epoch, (cmd.history or "-").encode(), epoch, history.encode()))
     upto = lp.journal.committed_seq
-    aof_dir, snap_dir = paths(lp.data_dir)
-    segments = aof.list_segments(aof_dir)
+    aof_dir, snap_dir = datadir.paths(lp.data_dir)
+    segments = datadir.list_segments(aof_dir)
     continues = fork is not None and cmd.after < fork and cmd.after <= upto
     after = cmd.after
     snapshot = None
     if continues and not _covers(segments, after + 1, upto):
         continues = False  # compacted away: start from a snapshot
     if not continues:
-        snaps = aof.list_snapshots(snap_dir)
+        snaps = datadir.list_snapshots(snap_dir)
         if snaps:
             snap_seq, snapshot = snaps[-1]
         else:

@@ -35,15 +35,15 @@ from pathlib import Path
 import trio
 
 from smallstalk.core import records
+from smallstalk.storage import datadir
 from smallstalk.storage.aof import (
     FSYNC_ALWAYS,
     FSYNC_NEVER,
     HEADER_SIZE,
     SegmentWriter,
     fsync_dir,
-    list_segments,
-    segment_name,
 )
+from smallstalk.storage.datadir import list_segments, segment_name
 from smallstalk.storage.syncer import Syncer
 
 log = logging.getLogger("smallstalk.storage.journal")
@@ -73,7 +73,7 @@ class Journal:
         segment_records: int = 100_000,
         segment_bytes: int = 16 << 20,
     ):
-        self.aof_dir = data_dir / "aof"
+        self.aof_dir = datadir.aof_dir(data_dir)
         self.aof_dir.mkdir(parents=True, exist_ok=True)
         fsync_dir(data_dir)
         self.fsync = fsync
