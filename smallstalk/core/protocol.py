@@ -219,6 +219,13 @@ class ReloadConfig:
 
 
 @attrs.frozen(slots=True)
+class Auth:
+    """`auth <token>`: authenticate this connection for the admin commands."""
+
+    token: str
+
+
+@attrs.frozen(slots=True)
 class ErrorReply:
     """Malformed input: answer `reply` and go on with the next command.
 
@@ -234,7 +241,7 @@ Command = (
     Put | Reserve | ReserveJob | Delete | Release | Bury | Touch | Use | Watch | Ignore | Peek
     | PeekReady | PeekDelayed | PeekBuried | Kick | KickJob | StatsJob | StatsTube | Stats
     | ListTubes | ListTubeUsed | ListTubesWatched | PauseTube | Quit | Replicate | ReplicaAck
-    | PromoteReplica | DeleteTube | ConfigDump | ReloadConfig
+    | PromoteReplica | DeleteTube | ConfigDump | ReloadConfig | Auth
 )
 Event = Command | ErrorReply
 
@@ -268,6 +275,9 @@ DEADLINE_SOON = b"DEADLINE_SOON\r\n"
 # smallstalk's own replies
 READ_ONLY = b"READ_ONLY\r\n"  # a replica refuses changes
 NOT_REPLICATED = b"NOT_REPLICATED\r\n"  # --min-replica-acks: no replica confirmed in time
+OK = b"OK\r\n"  # auth: the token is right
+UNAUTHORIZED = b"UNAUTHORIZED\r\n"  # auth: a wrong token; an admin command without one
+RESERVED_WORD, FOUND_WORD = b"RESERVED", b"FOUND"  # the words of `job_reply`
 
 
 def inserted(job_id: int) -> bytes:
@@ -752,6 +762,8 @@ def render(cmd: Command) -> bytes:
         return b"config\r\n"
     if t is ReloadConfig:
         return b"reload-config\r\n"
+    if t is Auth:
+        return b"auth %s\r\n" % cmd.token.encode()
     name = _NAMES[t]
     if t in _ID_COMMANDS:
         return b"%s %d\r\n" % (name, cmd.id)
