@@ -74,6 +74,10 @@ def resolve_servers(servers: Servers) -> list[str]:
     elif _is_pair(servers):
         items = [servers]  # type: ignore[list-item]
     elif isinstance(servers, list | tuple):
+        if (len(servers) == 2 and isinstance(servers[0], str) and isinstance(servers[1], str)
+                and servers[1].isdigit()):
+            # ("host", "11300") is a pair with its port spelled as text, not two servers.
+            raise TypeError(f"servers are {FORMS}; not {servers!r} (the port is an int)")
         items = list(servers)
     else:
         raise TypeError(f"servers are {FORMS}; not {servers!r}")

@@ -7,9 +7,12 @@ import importlib
 import logging
 import os
 import signal
+import ssl
 import sys
 
 import trio
+
+from smallstalk.client.security import TOKEN_ENV, Security, security
 
 from .logs import _event, setup_logging
 from .runner import Worker
@@ -44,6 +47,15 @@ def _parser() -> argparse.ArgumentParser:
                     help="seconds running jobs get to finish after SIGTERM (default 30)")
     ap.add_argument("--recheck", type=float, default=1.0,
                     help="seconds an empty tube stays out of the lottery (default 1)")
+    ap.add_argument("--tls", action="store_true",
+                    help="speak TLS to the servers, checking them against the system's CAs")
+    ap.add_argument("--tls-ca", metavar="FILE",
+                    help="speak TLS, checking the servers against this CA (PEM)")
+    ap.add_argument("--tls-cert", metavar="FILE",
+                    help="this worker's certificate (PEM) for servers that ask for one")
+    ap.add_argument("--tls-key", metavar="FILE", help="the key of --tls-cert (PEM)")
+    ap.add_argument("--token-file", metavar="FILE",
+                    help=f"send the admin token in FILE with `auth` (else ${TOKEN_ENV})")
     ap.add_argument("--log-format", choices=("json", "text"), default="json")
     ap.add_argument("-v", "--verbose", action="store_true", help="debug logs")
     return ap
@@ -65,6 +77,27 @@ async def _run_until_signalled(worker: Worker) -> None:
         nursery.cancel_scope.cancel()
 
 
+def _security(args: argparse.Namespace, app: App) -> Security | None:
+    """The TLS and token settings the flags ask for; None keeps the app's."""
+    token = os.environ.get(TOKEN_ENV) if args.token_file is None else None
+    tls = args.tls or args.tls_ca or args.tls_cert
+    if args.tls_key and not args.tls_cert:
+        raise ValueError("--tls-key needs --tls-cert")
+    if not (tls or args.token_file or token):
+        return None
+    context = app.security.ssl_context
+    if tls:
+        try:
+            context = ssl.create_default_context(cafile=args.tls_ca)
+            if args.tls_cert:
+                context.load_cert_chain(args.tls_cert, args.tls_key)
+        except (OSError, ssl.SSLError) as e:
+            raise ValueError(f"cannot load the TLS files: {e}") from None
+    if args.token_file or token:
+        return security(ssl_context=context, token=token, token_file=args.token_file)
+    return Security(context, app.security.token)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`smallstalk worker`: 0 after a graceful stop, 2 on bad arguments or app."""
     ap = _parser()
@@ -75,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         app = load_app(args.app)
         worker = Worker(app, args.tubes, servers=args.servers, concurrency=args.concurrency,
-                        grace=args.grace, recheck=args.recheck)
+                        grace=args.grace, recheck=args.recheck, security=_security(args, app))
     except (ImportError, ValueError) as e:
         print(f"smallstalk worker: {e}", file=sys.stderr)
         return 2
