@@ -40,6 +40,7 @@ from smallstalk.worker import (
     pick_tube,
     time_limit,
 )
+from smallstalk.worker import cli as worker_cli
 
 from .procs import REPO, Server, beanstalkd_path, start_beanstalkd, start_smallstalk
 from .tlsproxy import tls_proxy
@@ -569,6 +570,25 @@ def test_worker_and_app_over_tls(smallstalk: Server, workers, tmp_path: Path) ->
         w.signal(signal.SIGTERM)
         assert w.wait() == 0
         app.close()
+
+
+def test_worker_sends_the_token_first(smallstalk: Server, workers, tmp_path: Path,
+                                      monkeypatch) -> None:
+    """The server's side of `auth` is not built yet: it answers UNKNOWN_COMMAND,
+    which shows that the worker sent the token before reserving."""
+    token = tmp_path / "token"
+    token.write_text("s3cr3t\n")
+    w = workers(addr_of(smallstalk), "--token-file", str(token))
+    error = wait_until(lambda: w.named("reserve.error"), what="reserve.error")[0]["error"]
+    assert "no `auth` command" in error, error
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0
+    app = App(addr_of(smallstalk))
+    monkeypatch.setenv("SMALLSTALK_TOKEN", "from-env")
+    args = worker_cli._parser().parse_args(["x:app"])
+    assert worker_cli._security(args, app).token == "from-env"
+    monkeypatch.delenv("SMALLSTALK_TOKEN")
+    assert worker_cli._security(args, app) is None  # the app's own settings
 
 
 def test_bad_arguments(capsys, tmp_path: Path) -> None:
