@@ -15,7 +15,6 @@ from .errors import ERRORS, Buried, ProtocolError, word_of
 REPLY_LINE_MAX = 1024  # a reply line is short: a word and at most two numbers or a tube name
 
 
-
 def _short(body: bytes) -> str:
     return repr(body if len(body) <= 40 else body[:40] + b"...")
 

@@ -14,7 +14,7 @@ import trio
 
 from smallstalk.client.security import TOKEN_ENV, Security, security
 
-from .logs import _event, setup_logging
+from .logs import log_event, setup_logging
 from .runner import Worker
 from .tasks import App
 
@@ -68,7 +68,7 @@ async def _run_until_signalled(worker: Worker) -> None:
             count = 0
             async for sig in received:
                 count += 1
-                _event(logging.INFO, "worker.signal", signal=signal.Signals(sig).name)
+                log_event(logging.INFO, "worker.signal", signal=signal.Signals(sig).name)
                 worker.stop(grace=None if count == 1 else 0)
 
     async with trio.open_nursery() as nursery:

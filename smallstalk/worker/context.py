@@ -18,9 +18,7 @@ def time_limit(ttr: int) -> float:
     return ttr - min(1.0, ttr / 2)
 
 
-
-
-_current: contextvars.ContextVar[JobContext] = contextvars.ContextVar("smallstalk_job")
+running_job: contextvars.ContextVar[JobContext] = contextvars.ContextVar("smallstalk_job")
 
 
 @attrs.define(eq=False)
@@ -43,14 +41,14 @@ class JobContext:
 
 def current_job() -> JobContext:
     try:
-        return _current.get()
+        return running_job.get()
     except LookupError:
         raise RuntimeError("not in a task run by a smallstalk worker") from None
 
 
 def touch() -> None:
     """From a sync task: ask for another TTR. Outside a worker this does nothing."""
-    ctx = _current.get(None)
+    ctx = running_job.get(None)
     if ctx is None:
         return
     if trio.lowlevel.in_trio_task():
@@ -60,7 +58,7 @@ def touch() -> None:
 
 async def atouch() -> None:
     """From an async task: ask for another TTR. Outside a worker this does nothing."""
-    ctx = _current.get(None)
+    ctx = running_job.get(None)
     if ctx is not None:
         await ctx.atouch()
 

@@ -11,7 +11,7 @@ from typing import Any
 log = logging.getLogger("smallstalk.worker")
 
 
-def _event(level: int, event: str, **fields: Any) -> None:
+def log_event(level: int, event: str, **fields: Any) -> None:
     log.log(level, event, extra={"fields": fields})
 
 

@@ -22,8 +22,8 @@ from smallstalk.client.addresses import Servers, resolve_servers
 from smallstalk.client.security import Security
 
 from .codec import BadPayload, TimeLimitExceeded, UnknownTask, decode_call
-from .context import JobContext, _current, time_limit
-from .logs import _event
+from .context import JobContext, running_job, time_limit
+from .logs import log_event
 from .lottery import TubeSelector, parse_tubes
 from .tasks import App, Task
 
@@ -35,7 +35,6 @@ def backoff_delay(backoff: float, failures: int, max_backoff: float) -> int:
     if backoff <= 0 or failures < 1:
         return 0
     return int(math.ceil(min(max_backoff, backoff * 2.0 ** min(failures - 1, 60))))
-
 
 
 class Worker:
@@ -71,7 +70,7 @@ class Worker:
         return self._stopping
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        _event(logging.INFO, "worker.start", servers=self.servers, tubes=self.weights,
+        log_event(logging.INFO, "worker.start", servers=self.servers, tubes=self.weights,
                concurrency=self.concurrency, tasks=sorted(self.app.tasks), worker=self.identity)
         async with trio.open_nursery() as outer:
             self._nursery = outer
@@ -80,14 +79,14 @@ class Worker:
                     slots.start_soon(self._slot, n)
                 task_status.started()
             outer.cancel_scope.cancel()  # the grace timer, if any
-        _event(logging.INFO, "worker.stopped", **self.counts)
+        log_event(logging.INFO, "worker.stopped", **self.counts)
 
     def stop(self, grace: float | None = None) -> None:
         """Stop reserving; cancel running jobs after `grace` seconds (default: the worker's)."""
         grace = self.grace if grace is None else grace
         if not self._stopping:
             self._stopping = True
-            _event(logging.INFO, "worker.stopping", grace=grace, running=len(self._job_scopes))
+            log_event(logging.INFO, "worker.stopping", grace=grace, running=len(self._job_scopes))
             for scope in list(self._reserve_scopes):
                 scope.cancel()
         if grace <= 0 or self._nursery is None:
@@ -122,7 +121,7 @@ class Worker:
                     except BeanstalkError as e:
                         errors += 1
                         wait = min(30.0, 0.25 * 2 ** min(errors, 8))
-                        _event(logging.WARNING, "reserve.error", slot=n, error=str(e),
+                        log_event(logging.WARNING, "reserve.error", slot=n, error=str(e),
                                retry_in=wait)
                         await trio.sleep(wait)
                     finally:
@@ -136,7 +135,7 @@ class Worker:
                         await self._run_job(client, job, tube)
                     except BeanstalkError as e:
                         # The connection failed around the job: the server gives it back.
-                        _event(logging.WARNING, "job.connection_error", job=job.id,
+                        log_event(logging.WARNING, "job.connection_error", job=job.id,
                                server=job.server, error=str(e))
                     finally:
                         self._job_scopes.discard(job_scope)
@@ -146,7 +145,7 @@ class Worker:
                     with trio.CancelScope(shield=True):
                         await client.aclose()
                     self.counts["handed_back"] += 1
-                    _event(logging.WARNING, "job.handed_back", job=job.id, server=job.server,
+                    log_event(logging.WARNING, "job.handed_back", job=job.id, server=job.server,
                            reason="shutdown")
         finally:
             with trio.CancelScope(shield=True):
@@ -186,9 +185,9 @@ class Worker:
             await self._failed(client, job, None, name, e, started)
             return
         ctx = JobContext(job, task, tube, client)
-        token = _current.set(ctx)
+        token = running_job.set(ctx)
         try:
-            _event(logging.DEBUG, "job.start", job=job.id, server=job.server, tube=tube,
+            log_event(logging.DEBUG, "job.start", job=job.id, server=job.server, tube=tube,
                    task=name)
             if task.is_async:
                 with trio.move_on_after(time_limit(task.ttr)) as scope:
@@ -204,7 +203,7 @@ class Worker:
             await self._failed(client, job, task, name, e, started)
             return
         finally:
-            _current.reset(token)
+            running_job.reset(token)
         try:
             await client.delete(job)
         except NotFound:
@@ -212,12 +211,12 @@ class Worker:
                        "finished (its TTR ran out)")
             return
         self.counts["done"] += 1
-        _event(logging.INFO, "job.done", job=job.id, server=job.server, tube=tube, task=name,
+        log_event(logging.INFO, "job.done", job=job.id, server=job.server, tube=tube, task=name,
                ms=round((trio.current_time() - started) * 1000, 1))
 
     def _lost(self, job: Job, name: str | None, why: str) -> None:
         self.counts["lost"] += 1
-        _event(logging.WARNING, "job.lost", job=job.id, server=job.server, task=name, why=why)
+        log_event(logging.WARNING, "job.lost", job=job.id, server=job.server, task=name, why=why)
 
     async def _failed(self, client: AsyncClient, job: Job, task: Task | None, name: str | None,
                       exc: BaseException, started: float) -> None:
@@ -239,7 +238,7 @@ class Worker:
                 self._lost(job, name, "the TTR ran out before the job could be released")
                 return
             self.counts["retried"] += 1
-            _event(logging.WARNING, "job.retry", **fields, retries=task.retries, delay=delay)
+            log_event(logging.WARNING, "job.retry", **fields, retries=task.retries, delay=delay)
             return
         await self._bury(client, job, st, name, exc, failures, fields)
 
@@ -263,7 +262,7 @@ class Worker:
                                  server=job.server)
                 recorded = error_tube
             except (BeanstalkError, ValueError) as e:
-                _event(logging.ERROR, "error_record.failed", job=job.id, server=job.server,
+                log_event(logging.ERROR, "error_record.failed", job=job.id, server=job.server,
                        tube=error_tube, error=str(e))
-        _event(logging.ERROR, "job.buried", **fields, error_tube=recorded, traceback=tb)
+        log_event(logging.ERROR, "job.buried", **fields, error_tube=recorded, traceback=tb)
 

@@ -25,7 +25,6 @@ from .codec import encode_call
 DEFAULT_ERROR_TUBE = "{tube}.errors"
 
 
-
 def _default_name(fn: Callable[..., Any]) -> str:
     module = fn.__module__
     if module == "__main__":
