@@ -181,6 +181,13 @@ class ReloadConfig:
 
 
 @attrs.frozen(slots=True)
+class Auth:
+    """`auth <token>`: authenticate this connection for the admin commands."""
+
+    token: str
+
+
+@attrs.frozen(slots=True)
 class ErrorReply:
     """Malformed input: answer `reply` and go on with the next command.
 
@@ -196,7 +203,7 @@ Command = (
     Put | Reserve | ReserveJob | Delete | Release | Bury | Touch | Use | Watch | Ignore | Peek
     | PeekReady | PeekDelayed | PeekBuried | Kick | KickJob | StatsJob | StatsTube | Stats
     | ListTubes | ListTubeUsed | ListTubesWatched | PauseTube | Quit | Replicate | ReplicaAck
-    | PromoteReplica | DeleteTube | ConfigDump | ReloadConfig
+    | PromoteReplica | DeleteTube | ConfigDump | ReloadConfig | Auth
 )
 Event = Command | ErrorReply
 
@@ -239,6 +246,8 @@ def render(cmd: Command) -> bytes:
         return b"config\r\n"
     if t is ReloadConfig:
         return b"reload-config\r\n"
+    if t is Auth:
+        return b"auth %s\r\n" % cmd.token.encode()
     name = _NAMES[t]
     if t in _ID_COMMANDS:
         return b"%s %d\r\n" % (name, cmd.id)

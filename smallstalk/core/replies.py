@@ -28,6 +28,8 @@ READ_ONLY = b"READ_ONLY\r\n"  # a replica refuses changes
 NOT_REPLICATED = b"NOT_REPLICATED\r\n"  # --min-replica-acks: no replica confirmed in time
 NOT_A_REPLICA = b"NOT_A_REPLICA\r\n"  # promote, sent to a server that is not a replica
 RELOADED = b"RELOADED\r\n"
+OK = b"OK\r\n"  # auth: the token is right
+UNAUTHORIZED = b"UNAUTHORIZED\r\n"  # auth: a wrong token; an admin command without one
 
 # The first word of replies that carry more, for the code that reads them
 # (a replica reading its feed's answer, the operator commands).
