@@ -43,7 +43,7 @@ def make_loop(data_dir: Path, max_memory: int, policies: Policies | None = None,
 
 
 def put_cmd(body: bytes, pri: int = 0) -> bytes:
-    return b"put %d 0 600 %d\r\n%s\r\n" % (pri, len(body), body)
+    return p.render(p.Put(pri, 0, 600, body))
 
 
 async def put_many(c: Client, bodies: list[bytes]) -> dict[int, bytes]:

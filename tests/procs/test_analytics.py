@@ -186,7 +186,7 @@ def script_epsilon(tmp: Path, data: Path) -> dict[str, list[int]]:
             run(p, [b"use sessions\r\n"], b"USING")
             body = b"session"
             g["s_expired"] = [x.id for x in run(
-                p, [b"put 100 0 60 %d 1\r\n%s\r\n" % (len(body), body)], b"INSERTED")]
+                p, [put_cmd(body, pri=100, max_age=1)], b"INSERTED")]
             run(p, [b"use invoices\r\n"], b"USING")
             g["i_moved"] = puts(p, 2)
 

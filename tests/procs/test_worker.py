@@ -33,12 +33,14 @@ from smallstalk.worker import (
     encode_call,
 )
 
-from ..support.procs import REPO, Server, beanstalkd_path, start_beanstalkd, start_smallstalk
-
-needs_beanstalkd = pytest.mark.skipif(beanstalkd_path() is None,
-                                      reason="beanstalkd is not installed")
-SERVER_KINDS = ["smallstalk", pytest.param("beanstalkd", marks=needs_beanstalkd)]
-
+from ..support.procs import (
+    REPO,
+    SERVER_KINDS,
+    Server,
+    needs_beanstalkd,
+    start_beanstalkd,
+    start_smallstalk,
+)
 
 # --- tasks and publishing ------------------------------------------------------
 
