@@ -134,12 +134,16 @@ async def test_pause_tube_delays_reserves(lp, autojump_clock) -> None:
 
 async def test_disconnect_releases_reservation(lp, autojump_clock) -> None:
     a, b = Client(lp), Client(lp)
-    await a.ask(b"put 0 0 100 1\r\nx\r\n")
+    await a.ask(b"put 0 0 3600 1\r\nx\r\n")
     await a.ask(b"reserve\r\n")
     b.send(b"reserve\r\n")
     await trio.sleep(1)
+    closed_at = trio.current_time()
     a.close()
     assert await b.recv() == b"RESERVED 1 1\r\nx\r\n"
+    # Released by the close itself, not by the hour's TTR running out (the
+    # mock clock would jump there if nothing else gave the job back).
+    assert trio.current_time() - closed_at < 1
 
 
 async def test_watch_ignore_use_lists(lp, autojump_clock) -> None:
