@@ -65,6 +65,8 @@ from ..support.procs import start_smallstalk  # noqa: E402
 NS = 1_000_000_000
 STATE_NAMES = {READY: "ready", DELAYED: "delayed", RESERVED: "reserved", BURIED: "buried"}
 needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="Spark needs Java")
+# The first test also waits for the scripted workload and the JVM (3 min on a busy machine).
+pytestmark = pytest.mark.timeout(900)
 
 
 # --- the scripted workload --------------------------------------------------------------

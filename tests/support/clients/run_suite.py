@@ -470,6 +470,9 @@ def env_with(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # The beanstalkd stand-in runs the interpreter this script's own servers run
+    # (a checkout without .venv, such as a git worktree, has no other).
+    env.setdefault("SMALLSTALK_PYTHON", smallstalk_python())
     for var in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "NODE_OPTIONS"):
         if var not in extra:
             env.pop(var, None)
