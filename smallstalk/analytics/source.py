@@ -48,8 +48,17 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.types import StructType
+
+try:
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+    from pyspark.sql.types import StructType
+except ImportError:  # planning and reading need pyarrow only; the data source classes need Spark
+    DataSource = DataSourceReader = StructType = object
+
+    class InputPartition:  # what FilesPartition uses of Spark's
+        def __init__(self, value: Any) -> None:
+            self.value = value
+
 
 from smallstalk.core import records
 from smallstalk.storage import aof, datadir, snapshot
