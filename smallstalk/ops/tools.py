@@ -290,7 +290,7 @@ def jsonl(obj: dict) -> str:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message}")
+        raise UsageError(f"{self.prog}: {message} (see `{self.prog} -h`)")
 
 
 def _parser(prog: str, description: str) -> _Parser:
@@ -378,7 +378,8 @@ def main_aof(argv: list[str], stdout: IO[str] | None = None,
         (stdout or sys.stdout).write(AOF_HELP)
         return EXIT_OK if argv else EXIT_USAGE
     if argv[0] not in commands:
-        (stderr or sys.stderr).write(f"smallstalk aof: unknown command {argv[0]!r}\n\n{AOF_HELP}")
+        (stderr or sys.stderr).write(f"smallstalk aof: unknown command {argv[0]!r} "
+                                     "(see `smallstalk aof -h`)\n")
         return EXIT_USAGE
     parse, body = commands[argv[0]]
     return _run(argv[1:], parse, body, stdout, stderr)

@@ -91,6 +91,7 @@ from smallstalk.client import (
     TimedOut,
     resolve_servers,
 )
+from smallstalk.core.usage import Parser
 
 PAYLOAD_VERSION = 1
 DEFAULT_ERROR_TUBE = "{tube}.errors"
@@ -702,7 +703,7 @@ def load_app(spec: str) -> App:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         prog="smallstalk worker",
         description="Run the tasks of an App from beanstalkd/smallstalk tubes.")
     ap.add_argument("app", help="module:attribute of the App (attribute defaults to app)")
