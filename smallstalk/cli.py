@@ -50,6 +50,7 @@ Commands:
   config        config dump: the effective per-tube settings, from a
                 --config FILE or a running --server HOST:PORT
   aof           inspect a data directory: aof ls | dump | verify
+  backup        backup DIR DEST: a consistent copy of a live data directory
   replay        rebuild the state as it was at a sequence number or time
   job-history   the whole life of one job as a timeline
   analyze       job analytics over AOF archives on Spark (smallstalk[analytics])
@@ -63,6 +64,7 @@ Commands:
 # so the server never loads the tools (or PySpark) it does not need.
 TOOL_COMMANDS = {
     "aof": "smallstalk.ops.tools:main_aof",
+    "backup": "smallstalk.ops.backup:main",
     "replay": "smallstalk.ops.tools:main_replay",
     "job-history": "smallstalk.ops.tools:main_job_history",
     "analyze": "smallstalk.analytics:main",
