@@ -21,7 +21,7 @@ import pytest
 
 from tests.procs import REPO, free_port
 
-UNITS = REPO / "dist" / "systemd"
+UNITS = REPO / "contrib" / "systemd"
 INSTALLED = "/usr/local/bin/smallstalk"
 
 pytestmark = pytest.mark.skipif(
