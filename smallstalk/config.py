@@ -34,19 +34,21 @@ Serve the beanstalkd protocol. Without a data directory jobs live in memory
 only; with one, every acknowledged change is in the append-only file first.
 
 beanstalkd's flags, same meaning:
- -l, --listen ADDR       listen on address, or unix:PATH for a Unix socket
-                         (default 127.0.0.1; beanstalkd's default is 0.0.0.0)
- -p, --port PORT         listen on port (default 11300; 0: any free port)
- -z, --max-job-size N    largest job body in bytes (default 65535, at most 1 GiB)
- -b, --data-dir DIR      data directory: turns persistence on
- -f MS                   fsync at most every MS ms; -f0 fsyncs before every reply
- -F                      never fsync (the kernel writes back when it likes)
- -s, --segment-bytes N   close an AOF segment at this size (default 16777216)
- -u USER                 become this user after opening the listeners, before
-                         reading the data directory (which USER must own)
- -V                      more log output (repeat for more)
- -v, --version           print the version and exit
- -h, --help              this help
+ -l ADDR, --listen ADDR      listen on address, or unix:PATH for a Unix socket
+                             (default 127.0.0.1; beanstalkd's default is 0.0.0.0)
+ -p PORT, --port PORT        listen on port (default 11300; 0: any free port)
+ -z BYTES, --max-job-size BYTES
+                             largest job body (default 65535, at most 1 GiB)
+ -b DIR, --data-dir DIR      data directory: turns persistence on
+ -f MS                       fsync at most every MS ms; -f0 fsyncs before every reply
+ -F                          never fsync (the kernel writes back when it likes)
+ -s BYTES, --segment-bytes BYTES
+                             close an AOF segment at this size (default 16777216)
+ -u USER                     become this user after opening the listeners, before
+                             reading the data directory (which USER must own)
+ -V                          more log output (repeat for more)
+ -v, --version               print the version and exit
+ -h, --help                  this help
 
 Under systemd socket activation (LISTEN_FDS) the sockets passed in are served
 and -l/-p are ignored; with NOTIFY_SOCKET set, readiness is reported (Type=notify).

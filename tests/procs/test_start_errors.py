@@ -128,3 +128,20 @@ def test_port_0_logs_the_port_it_got(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_damage_at_start_is_one_line_naming_the_file(tmp_path: Path, servers) -> None:
+    data = tmp_path / "data"
+    server = start_smallstalk(tmp_path, "--segment-records", "5", "--no-compact", data_dir=data)
+    servers.append(server)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        for _ in range(20):
+            s.sendall(b"put 0 0 60 3\r\nabc\r\n")
+            assert s.recv(100).startswith(b"INSERTED")
+    server.stop()
+    closed = sorted((data / "aof").glob("*.aof"))[1]  # not the last: no torn tail
+    damaged = bytearray(closed.read_bytes())
+    damaged[40] ^= 0xFF
+    closed.write_bytes(damaged)
+    proc = run("serve", "-p", str(free_port()), "-b", str(data))
+    one_line_error(proc, 1, closed.name)
