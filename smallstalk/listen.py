@@ -84,15 +84,17 @@ def bind(addr: str, port: int) -> list[socket.socket]:
         else:
             infos = socket.getaddrinfo(addr or None, port, type=socket.SOCK_STREAM,
                                        flags=socket.AI_PASSIVE)
+            # /etc/hosts may list an address twice: bind each once.
+            infos = list({(i[0], i[4][:2]): i for i in infos}.values())
             for family, kind, proto, _, sockaddr in infos:
                 sock = socket.socket(family, kind, proto)
                 socks.append(sock)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 if family == socket.AF_INET6:
                     sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                sock.bind(sockaddr)
-                if port == 0:  # every address gets the port the first one got
-                    port = sock.getsockname()[1]
+                # -p 0: every address gets the port the first one got.
+                sock.bind((sockaddr[0], port, *sockaddr[2:]))
+                port = sock.getsockname()[1]
         for sock in socks:
             sock.listen(1024)
         return socks

@@ -24,6 +24,7 @@ from smallstalk.core.state import StateError
 from smallstalk.core.usage import Parser
 from smallstalk.storage import aof
 from smallstalk.storage.aof import CorruptionError
+from smallstalk.storage.bodies import COMPACTOR_BUDGET, BodyStore
 from smallstalk.storage.recovery import paths, recover
 
 ATTEMPTS = 20  # listings the compactor may overtake before the backup gives up
@@ -177,11 +178,18 @@ def _write_new(path: Path, data: bytes) -> None:
 
 
 def _check(dest: Path) -> None:
-    """DEST reads as start-up reads it (nothing is repaired or written)."""
+    """DEST reads as start-up reads it (nothing is repaired or written).
+
+    Bodies past a small budget stay on disk, as in the compactor: a backlog
+    larger than memory can be checked too.
+    """
+    store = BodyStore(COMPACTOR_BUDGET)
     try:
-        recover(dest, repair=False)
+        recover(dest, repair=False, bodies=store)
     except (CorruptionError, StateError) as e:
         raise BackupError(f"the copy in {dest} does not read back: {e}") from None
+    finally:
+        store.close()
 
 
 def _sync_tree(dest: Path) -> None:
