@@ -369,11 +369,14 @@ def _tool(command: str, argv: list[str]) -> int:
     module, func = TOOL_COMMANDS[command].split(":")
     try:
         return getattr(importlib.import_module(module), func)(argv)
-    except ModuleNotFoundError as e:
-        extra = EXTRAS.get((e.name or "").partition(".")[0])
+    except ImportError as e:
+        # PySpark says "PyArrow ... must be installed" without a module name.
+        name = (e.name or "").partition(".")[0] or next(
+            (m for m in EXTRAS if m in str(e).lower()), "")
+        extra = EXTRAS.get(name)
         if extra is None:
             raise
-        print(f"smallstalk {command}: needs {e.name}, which is not installed: "
+        print(f"smallstalk {command}: needs {name}, which is not installed: "
               f"install smallstalk[{extra}] (pip install 'smallstalk[{extra}]')", file=sys.stderr)
         return 1
 

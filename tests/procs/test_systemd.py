@@ -37,7 +37,8 @@ def test_the_units_verify(tmp_path: Path) -> None:
     proc = subprocess.run(["systemd-analyze", "verify", "smallstalk.service", "smallstalk.socket"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout + proc.stderr == ""
+    # Warnings about the host's own units may appear; none about ours.
+    assert "smallstalk." not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
 def test_the_service_is_hardened_and_notifies() -> None:
