@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 
 import trio
 
@@ -103,7 +104,7 @@ def _drop_privileges(user: str) -> None:
         raise StartError(f"-u {user}: only root can become another user", EXIT_USER) from None
 
 
-def _check_data_dir(path) -> None:
+def _check_data_dir(path: Path) -> None:
     """The data directory exists (made if need be), is a directory, and is ours to write."""
     if path.exists() and not path.is_dir():
         raise StartError(f"data directory {path} is a file, not a directory (-b DIR)")
