@@ -1,5 +1,5 @@
-"""The command-line parser every `smallstalk` subcommand shares: its usage errors are
-one line and a pointer to `-h` (argparse's own print the whole usage first)."""
+"""The argument parser for `smallstalk` subcommands built on argparse: a usage error
+is one line and a pointer to `-h` (argparse's own prints the whole usage first)."""
 
 from __future__ import annotations
 
