@@ -22,7 +22,7 @@ import pytest
 from tests.procs import REPO, free_port
 
 UNITS = REPO / "contrib" / "systemd"
-INSTALLED = "/usr/local/bin/smallstalk"
+INSTALLED = "/opt/smallstalk/bin/smallstalk"
 
 pytestmark = pytest.mark.skipif(
     shutil.which("systemd-analyze") is None or shutil.which("systemd-socket-activate") is None,
