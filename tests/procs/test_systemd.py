@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import REPO, free_port
+from tests.procs import REPO, free_port, wait_for_log
 
 UNITS = REPO / "contrib" / "systemd"
 INSTALLED = "/opt/smallstalk/bin/smallstalk"
@@ -130,3 +130,29 @@ def test_socket_activation_and_readiness(tmp_path: Path, abstract: bool) -> None
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_sockets_meant_for_another_process_are_ignored(tmp_path: Path) -> None:
+    """LISTEN_PID names another process (an inherited environment): bind -p as usual."""
+    port = free_port()
+    env = {**os.environ, "LISTEN_FDS": "1", "LISTEN_PID": "1"}
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "smallstalk", "serve", "-p", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_for_log(log_path, f"listening on 127.0.0.1:{port}", proc)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_passed_fd_that_is_not_a_socket_is_one_line(tmp_path: Path) -> None:
+    """As if a unit passed a file as fd 3: refused in one line, beanstalkd's status 111."""
+    script = f'LISTEN_FDS=1 LISTEN_PID=$$ exec "{sys.executable}" -m smallstalk serve 3<"$0"'
+    proc = subprocess.run(["sh", "-c", script, str(UNITS / "smallstalk.socket")],
+                          capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert proc.returncode == 111, proc.stderr
+    assert proc.stderr == "smallstalk: systemd passed fd 3, which is not a socket " \
+                          "(Socket operation on non-socket)\n"
