@@ -33,25 +33,29 @@ Serve the beanstalkd protocol. Without a data directory jobs live in memory
 only; with one, every acknowledged change is in the append-only file first.
 
 beanstalkd's flags, same meaning:
- -l ADDR   listen on address, or unix:PATH for a Unix socket
-           (default 127.0.0.1; beanstalkd's default is 0.0.0.0)
- -p PORT   listen on port (default 11300)
- -z BYTES  maximum job size in bytes (default 65535, at most 1073741824)
- -b DIR    data directory: turns persistence on (same as --data-dir)
- -f MS     fsync at most every MS milliseconds; -f0 fsyncs before every reply
- -F        never fsync (the kernel writes back when it likes)
- -s BYTES  size at which an AOF segment is closed (same as --segment-bytes)
- -u USER   become this user after opening the listeners
- -V        more log output (repeat for more)
- -v        print the version and exit
- -h        this help
+ -l ADDR, --listen ADDR      listen on address, or unix:PATH for a Unix socket
+                             (default 127.0.0.1; beanstalkd's default is 0.0.0.0)
+ -p PORT, --port PORT        listen on port (default 11300; 0: any free port)
+ -z BYTES, --max-job-size BYTES
+                             largest job body (default 65535, at most 1 GiB)
+ -b DIR, --data-dir DIR      data directory: turns persistence on
+ -f MS                       fsync at most every MS ms; -f0 fsyncs before every reply
+ -F                          never fsync (the kernel writes back when it likes)
+ -s BYTES, --segment-bytes BYTES
+                             close an AOF segment at this size (default 16777216)
+ -u USER                     become this user after opening the listeners, before
+                             reading the data directory (which USER must own)
+ -V                          more log output (repeat for more)
+ -v, --version               print the version and exit
+ -h, --help                  this help
+
+Under systemd socket activation (LISTEN_FDS) the sockets passed in are served
+and -l/-p are ignored; with NOTIFY_SOCKET set, readiness is reported (Type=notify).
 
 smallstalk's own:
- --data-dir DIR          same as -b
  --fsync MODE            always (default: INSERTED means on disk), everysec, never
  --fsync-interval MS     the interval for everysec (default 1000)
  --segment-records N     close a segment after N records (default 100000)
- --segment-bytes BYTES   close a segment at this size (default 16777216)
  --compact-interval SEC  fold closed segments into a snapshot this often (default 10)
  --compact-segments N    ...or as soon as N segments are closed (default 4)
  --no-compact            never compact (the AOF keeps every record)
@@ -116,6 +120,13 @@ def _int(text: str, flag: str) -> int:
     if value < 0:
         raise UsageError(f"{flag} must not be negative")
     return value
+
+
+def _port_flag(text: str, flag: str) -> int:
+    port = _int(text, flag)
+    if port > 65535:
+        raise UsageError(f"{flag} {text}: a port is 0 to 65535 (0: any free port)")
+    return port
 
 
 LONG_OPTIONS = {
@@ -199,7 +210,7 @@ def _set_short(cfg: ServeConfig, ch: str, value: str) -> None:
     if ch == "l":
         cfg.addr = value
     elif ch == "p":
-        cfg.port = _int(value, "-p")
+        cfg.port = _port_flag(value, "-p")
     elif ch == "z":
         cfg.max_job_size = min(_int(value, "-z"), protocol.MAX_JOB_SIZE_LIMIT)
     elif ch == "b":
@@ -252,7 +263,7 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
     elif name == "--listen":
         cfg.addr = value
     elif name == "--port":
-        cfg.port = _int(value, name)
+        cfg.port = _port_flag(value, name)
     elif name == "--max-job-size":
         cfg.max_job_size = min(_int(value, name), protocol.MAX_JOB_SIZE_LIMIT)
     elif name == "--max-memory":

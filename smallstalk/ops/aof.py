@@ -29,6 +29,7 @@ def main(argv: list[str], stdout: IO[str] | None = None,
         (stdout or sys.stdout).write(AOF_HELP)
         return EXIT_OK if argv else EXIT_USAGE
     if argv[0] not in commands:
-        (stderr or sys.stderr).write(f"smallstalk aof: unknown command {argv[0]!r}\n\n{AOF_HELP}")
+        (stderr or sys.stderr).write(f"smallstalk aof: unknown command {argv[0]!r} "
+                                     "(see `smallstalk aof -h`)\n")
         return EXIT_USAGE
     return commands[argv[0]](argv[1:], stdout, stderr)

@@ -51,7 +51,8 @@ def main(argv: list[str], stdout: IO[str] | None = None, stderr: IO[str] | None 
         (out if argv else err).write(USAGE)
         return EXIT_OK if argv else EXIT_USAGE
     if argv[0] != "dump":
-        err.write(f"smallstalk config: unknown subcommand: {argv[0]}\n\n{USAGE}")
+        err.write(f"smallstalk config: unknown subcommand: {argv[0]} "
+                  "(see `smallstalk config -h`)\n")
         return EXIT_USAGE
     p = _Parser(prog="smallstalk config dump", add_help=False)
     p.add_argument("-h", "--help", action="store_true")
@@ -61,7 +62,7 @@ def main(argv: list[str], stdout: IO[str] | None = None, stderr: IO[str] | None 
     try:
         args = p.parse_args(argv[1:])
     except _Usage as e:
-        err.write(f"smallstalk config dump: {e}\n\n{USAGE}")
+        err.write(f"smallstalk config dump: {e} (see `smallstalk config -h`)\n")
         return EXIT_USAGE
     if args.help:
         out.write(USAGE)
@@ -78,7 +79,7 @@ def main(argv: list[str], stdout: IO[str] | None = None, stderr: IO[str] | None 
     try:
         body = ask_server(server, protocol.render(protocol.CONFIG))
     except _Usage as e:
-        err.write(f"smallstalk config dump: {e}\n\n{USAGE}")
+        err.write(f"smallstalk config dump: {e} (see `smallstalk config -h`)\n")
         return EXIT_USAGE
     except OSError as e:
         err.write(f"smallstalk: {server}: {e.strerror or e}\n")

@@ -284,7 +284,7 @@ def expiry(expires: int, now: int) -> str:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message}")
+        raise UsageError(f"{self.prog}: {message} (see `{self.prog} -h`)")
 
 
 def parser(prog: str, description: str) -> _Parser:

@@ -13,6 +13,7 @@ import sys
 import trio
 
 from smallstalk.client.security import TOKEN_ENV, Security, security
+from smallstalk.usage import Parser
 
 from .logs import log_event, setup_logging
 from .runner import Worker
@@ -35,7 +36,7 @@ def load_app(spec: str) -> App:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         prog="smallstalk worker",
         description="Run the tasks of an App from beanstalkd/smallstalk tubes.")
     ap.add_argument("app", help="module:attribute of the App (attribute defaults to app)")

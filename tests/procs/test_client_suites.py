@@ -7,8 +7,11 @@ against beanstalkd (the bar) and then against smallstalk, and compares the
 outcomes test by test, by name.
 
 The suites are downloaded once into build/client-suites/ (ignored by git) and
-reused. A suite that cannot run (no node/npm, no beanstalkd, a fixed port
-taken, the registry unreachable) fails; CLIENT_SUITES_LENIENT=1 skips it
+reused. Suites that hard-code a port (fivebeans and qbean: 11300) run, as
+root, in a network namespace of their own, so a `make run` server or
+Debian's beanstalkd.socket on 11300 does not get in the way. A suite that
+cannot run (no node/npm, no beanstalkd, a fixed port taken without root,
+the registry unreachable) fails; CLIENT_SUITES_LENIENT=1 skips it
 instead, with the reason. CLIENT_SUITES_SLOW=1 adds pybeanstalk's 90-second MultiServerConn
 tests; CLIENT_SUITES=pystalk,fivebeans picks suites (CLIENT_SUITES=none: none).
 About 100 s in all once the suites are cached (two runs of each), most of it
