@@ -1,0 +1,1 @@
+"""Shared test support: one test client, one way to start servers, the in-process harness."""
