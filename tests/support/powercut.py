@@ -190,3 +190,25 @@ def power_cut(mount: PowerCutMount, pid: int, torn_seed: int | None = None) -> d
         for p in frozen:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGKILL)
+
+
+def require_fuse() -> None:
+    """Skip for a developer who is not root; fail anywhere else FUSE is missing (CI)."""
+    import pytest
+
+    problem = fuse_problem()
+    if problem is None:
+        return
+    if os.geteuid() != 0 and not os.environ.get("CI"):
+        pytest.skip(problem)
+    pytest.fail(f"the power-cut tests cannot run: {problem}")
+
+
+def mounted(tmp: Path, name: str = "disk"):
+    """A fixture's body: a mounted powercutfs under `tmp`, unmounted afterwards."""
+    require_fuse()
+    m = PowerCutMount.start(tmp, name)
+    try:
+        yield m
+    finally:
+        m.stop()
