@@ -1,4 +1,5 @@
 # Two commands matter: `make run` and `make test`. Both set up .venv first.
+# `make test-fast` runs tests/unit and tests/inproc only (no processes; under a minute).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -7,7 +8,7 @@ FULL := $(VENV)/.installed-analytics
 DATA ?= data
 PORT ?= 11300
 
-.PHONY: run test lint bench fixtures clean system-packages
+.PHONY: run test test-fast lint bench fixtures clean system-packages
 
 # Debian packages the tests use: the real beanstalkd to compare with, Java for
 # Spark, Node for the JavaScript clients' own test suites.
@@ -35,6 +36,10 @@ run: $(STAMP)
 test: $(FULL) system-packages
 	$(BIN)/ruff check smallstalk tests
 	$(BIN)/pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/ruff check smallstalk tests
+	$(BIN)/pytest -q tests/unit tests/inproc
 
 lint: $(STAMP)
 	$(BIN)/ruff check smallstalk tests

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .procs import Server
+from .support.procs import Server
 
 
 @pytest.fixture

@@ -1,0 +1,71 @@
+"""A client that sends without reading cannot make the server buffer without bound.
+
+In-process server on a real loopback socket: a connection whose reserve waits
+pipelines puts behind it; the reader must stop reading once about
+MAX_QUEUED_BYTES of its commands wait in the loop, so the rest stays in the
+kernel's socket buffers and, when those are full, the client's send blocks.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from smallstalk.core import protocol as p
+from smallstalk.server.connection import MAX_QUEUED_BYTES, RECV_SIZE
+
+from ..support.harness import serve_on_loopback
+
+OFFERED = 64 << 20  # what the client tries to send: far past every buffer
+
+
+async def test_commands_behind_a_waiting_reserve_are_not_read_without_bound(nursery) -> None:
+    lp, port = await serve_on_loopback(nursery)
+    client = await trio.open_tcp_stream("127.0.0.1", port)
+    await client.send_all(b"reserve\r\n")  # no job: it waits, and so does all after it
+    body = b"x" * 60_000
+    chunk = b"put 0 0 60 %d\r\n%s\r\n" % (len(body), body) * 16
+    sent = 0
+    # Bounded in time: a server that stops reading makes send_all block here.
+    with trio.move_on_after(3):
+        while sent < OFFERED:
+            await client.send_all(chunk)
+            sent += len(chunk)
+    waiting = [s for s in lp.sessions.values() if s.blocked]
+    assert len(waiting) == 1
+    queued = sum(len(cmd.body) for cmd in waiting[0].pending if isinstance(cmd, p.Put))
+    assert queued <= MAX_QUEUED_BYTES + RECV_SIZE + len(chunk)
+    assert sent < OFFERED
+    # Nothing was lost: a job for the reserve lets everything behind it run.
+    other = await trio.open_tcp_stream("127.0.0.1", port)
+    await other.send_all(b"put 0 0 60 1\r\nx\r\n")
+    assert await other.receive_some(100) == b"INSERTED 1\r\n"
+    got = b""
+    while len(got) < 100:
+        got += await client.receive_some(1 << 16)
+    assert got.startswith(b"RESERVED 1 1\r\nx\r\nINSERTED 2\r\nINSERTED 3\r\n")
+    await client.aclose()
+    await other.aclose()
+
+
+async def test_a_throttled_connection_that_hangs_up_is_cleaned_up(nursery) -> None:
+    """While throttled, a connection is out of the poller's set: its hang-up
+    is seen once its backlog moves again, and nothing else is held up."""
+    lp, port = await serve_on_loopback(nursery)
+    client = await trio.open_tcp_stream("127.0.0.1", port)
+    await client.send_all(b"reserve\r\n")
+    chunk = b"put 0 0 60 60000\r\n%s\r\n" % (b"x" * 60_000) * 16
+    with trio.move_on_after(3):
+        for _ in range(OFFERED // len(chunk)):
+            await client.send_all(chunk)
+    await client.aclose()
+    other = await trio.open_tcp_stream("127.0.0.1", port)
+    await other.send_all(b"put 0 0 60 1\r\ny\r\n")
+    assert await other.receive_some(100) == b"INSERTED 1\r\n"
+    with trio.fail_after(20):  # bounded: the dead connection's session must go
+        while len(lp.sessions) > 1:
+            await trio.sleep(0.01)
+    # The job went to the dead client's reserve, and came back when it closed.
+    await other.send_all(b"stats-job 1\r\n")
+    stats = await other.receive_some(4096)
+    assert b"state: ready\n" in stats and b"reserves: 1\n" in stats
+    await other.aclose()

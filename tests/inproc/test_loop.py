@@ -1,0 +1,214 @@
+"""Semantics through the real mutation loop, in-process, on trio's mock clock.
+
+Every test takes `autojump_clock`: pytest-trio only uses a clock the test itself asks for.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from smallstalk.core import protocol as p
+from smallstalk.core import records
+from smallstalk.storage import aof
+from smallstalk.storage.recovery import recover
+
+from ..support.harness import Client, make_loop
+
+
+@pytest.fixture
+async def lp(nursery):
+    loop = make_loop()
+    nursery.start_soon(loop.run)
+    return loop
+
+
+async def test_put_reserve_delete(lp, autojump_clock) -> None:
+    c = Client(lp)
+    assert await c.ask(b"put 5 0 10 3\r\nabc\r\n") == b"INSERTED 1\r\n"
+    assert await c.ask(b"reserve\r\n") == b"RESERVED 1 3\r\nabc\r\n"
+    assert await c.ask(b"delete 1\r\n") == b"DELETED\r\n"
+    assert await c.ask(b"delete 1\r\n") == p.NOT_FOUND
+
+
+async def test_priority_then_fifo(lp, autojump_clock) -> None:
+    c = Client(lp)
+    await c.ask(b"put 10 0 10 1\r\na\r\nput 5 0 10 1\r\nb\r\nput 10 0 10 1\r\nc\r\nput 5 0 10 1\r\nd\r\n")
+    got = [await c.ask(b"reserve\r\n") for _ in range(4)]
+    assert [g.split(b"\r\n")[1] for g in got] == [b"b", b"d", b"a", b"c"]
+
+
+async def test_pipelined_replies_come_in_order(lp, autojump_clock) -> None:
+    c = Client(lp)
+    data = b"".join(b"put 0 0 10 1\r\n%d\r\n" % (i % 10) for i in range(50)) + b"stats-tube default\r\n"
+    reply = await c.ask(data)
+    assert reply.startswith(b"".join(b"INSERTED %d\r\n" % i for i in range(1, 51)))
+    assert b"current-jobs-ready: 50\n" in reply
+
+
+async def test_blocking_reserve_woken_by_other_connections_put(lp, autojump_clock) -> None:
+    worker, producer = Client(lp), Client(lp)
+    worker.send(b"reserve\r\n")
+    await trio.sleep(5)
+    assert await producer.ask(b"put 0 0 10 2\r\nhi\r\n") == b"INSERTED 1\r\n"
+    assert await worker.recv() == b"RESERVED 1 2\r\nhi\r\n"
+
+
+async def test_ttr_expiry_releases_the_job(lp, autojump_clock) -> None:
+    a, b = Client(lp), Client(lp)
+    await a.ask(b"put 0 0 3 1\r\nx\r\n")
+    assert await a.ask(b"reserve\r\n") == b"RESERVED 1 1\r\nx\r\n"
+    start = trio.current_time()
+    assert await b.ask(b"reserve\r\n") == b"RESERVED 1 1\r\nx\r\n"
+    assert 3 <= trio.current_time() - start <= 3.1
+    stats = await b.ask(b"stats-job 1\r\n")
+    assert b"reserves: 2\n" in stats and b"timeouts: 1\n" in stats
+    assert await a.ask(b"delete 1\r\n") == p.NOT_FOUND  # no longer a's
+
+
+async def test_deadline_soon(lp, autojump_clock) -> None:
+    c = Client(lp)
+    await c.ask(b"put 0 0 2 1\r\nx\r\nput 0 0 2 1\r\ny\r\n")
+    await c.ask(b"reserve\r\n")
+    await c.ask(b"reserve\r\n")
+    # Both reserved, nothing ready: the wait ends at the safety margin.
+    start = trio.current_time()
+    assert await c.ask(b"reserve\r\n") == p.DEADLINE_SOON
+    assert 0.9 <= trio.current_time() - start <= 1.1
+    # Inside the margin a reserve answers at once.
+    assert await c.ask(b"reserve\r\n") == p.DEADLINE_SOON
+    assert await c.ask(b"touch 1\r\n") == p.TOUCHED
+
+
+async def test_reserve_with_timeout(lp, autojump_clock) -> None:
+    c = Client(lp)
+    start = trio.current_time()
+    assert await c.ask(b"reserve-with-timeout 0\r\n") == p.TIMED_OUT
+    assert trio.current_time() - start < 0.01
+    assert await c.ask(b"reserve-with-timeout 7\r\n") == p.TIMED_OUT
+    assert 7 <= trio.current_time() - start <= 7.1
+
+
+async def test_delayed_job_becomes_ready(lp, autojump_clock) -> None:
+    c = Client(lp)
+    await c.ask(b"put 0 30 10 1\r\nd\r\n")
+    assert await c.ask(b"peek-ready\r\n") == p.NOT_FOUND
+    assert await c.ask(b"peek-delayed\r\n") == b"FOUND 1 1\r\nd\r\n"
+    start = trio.current_time()
+    assert await c.ask(b"reserve\r\n") == b"RESERVED 1 1\r\nd\r\n"
+    assert 30 <= trio.current_time() - start <= 30.1
+
+
+async def test_release_with_delay_and_new_priority(lp, autojump_clock) -> None:
+    c = Client(lp)
+    await c.ask(b"put 100 0 10 1\r\nx\r\n")
+    await c.ask(b"reserve\r\n")
+    assert await c.ask(b"release 1 7 5\r\n") == p.RELEASED
+    stats = await c.ask(b"stats-job 1\r\n")
+    assert b"state: delayed\n" in stats and b"pri: 7\n" in stats and b"releases: 1\n" in stats
+
+
+async def test_bury_kick_buried_before_delayed(lp, autojump_clock) -> None:
+    c = Client(lp)
+    await c.ask(b"put 0 0 10 1\r\na\r\nput 0 100 10 1\r\nb\r\n")
+    await c.ask(b"reserve\r\n")
+    assert await c.ask(b"bury 1 3\r\n") == p.BURIED
+    assert await c.ask(b"peek-buried\r\n") == b"FOUND 1 1\r\na\r\n"
+    assert await c.ask(b"kick 10\r\n") == b"KICKED 1\r\n"  # only the buried one
+    assert await c.ask(b"kick 10\r\n") == b"KICKED 1\r\n"  # then the delayed one
+    assert await c.ask(b"kick 10\r\n") == b"KICKED 0\r\n"
+    assert await c.ask(b"kick-job 1\r\n") == p.NOT_FOUND
+    stats = await c.ask(b"stats-job 1\r\n")
+    assert b"buries: 1\n" in stats and b"kicks: 1\n" in stats and b"pri: 3\n" in stats
+
+
+async def test_pause_tube_delays_reserves(lp, autojump_clock) -> None:
+    c = Client(lp)
+    await c.ask(b"put 0 0 10 1\r\nx\r\n")
+    assert await c.ask(b"pause-tube default 20\r\n") == p.PAUSED
+    assert await c.ask(b"pause-tube nosuch 20\r\n") == p.NOT_FOUND
+    start = trio.current_time()
+    assert await c.ask(b"reserve\r\n") == b"RESERVED 1 1\r\nx\r\n"
+    assert 20 <= trio.current_time() - start <= 20.1
+
+
+async def test_disconnect_releases_reservation(lp, autojump_clock) -> None:
+    a, b = Client(lp), Client(lp)
+    await a.ask(b"put 0 0 100 1\r\nx\r\n")
+    await a.ask(b"reserve\r\n")
+    b.send(b"reserve\r\n")
+    await trio.sleep(1)
+    a.close()
+    assert await b.recv() == b"RESERVED 1 1\r\nx\r\n"
+
+
+async def test_watch_ignore_use_lists(lp, autojump_clock) -> None:
+    c = Client(lp)
+    assert await c.ask(b"watch a\r\nwatch b\r\nwatch a\r\n") == b"WATCHING 2\r\nWATCHING 3\r\nWATCHING 3\r\n"
+    assert await c.ask(b"ignore default\r\n") == b"WATCHING 2\r\n"
+    # beanstalkd's array removal moves the last entry into the hole.
+    assert await c.ask(b"list-tubes-watched\r\n") == b"OK 12\r\n---\n- b\n- a\n\r\n"
+    assert await c.ask(b"ignore a\r\nignore b\r\n") == b"WATCHING 1\r\nNOT_IGNORED\r\n"
+    assert await c.ask(b"use q\r\nlist-tube-used\r\n") == b"USING q\r\nUSING q\r\n"
+    tubes = await c.ask(b"list-tubes\r\n")
+    assert tubes == b"OK 22\r\n---\n- default\n- b\n- q\n\r\n"
+
+
+async def test_tube_goes_away_when_unreferenced(lp, autojump_clock) -> None:
+    c = Client(lp)
+    await c.ask(b"use t1\r\nput 0 0 10 1\r\nx\r\nuse default\r\n")
+    assert b"- t1\n" in await c.ask(b"list-tubes\r\n")
+    await c.ask(b"delete 1\r\n")
+    assert await c.ask(b"stats-tube t1\r\n") == p.NOT_FOUND
+
+
+async def test_half_close_while_waiting_times_out(lp, autojump_clock) -> None:
+    c = Client(lp)
+    c.send(b"reserve\r\n")
+    await trio.sleep(1)
+    lp.end_of_input(c.session)
+    assert await c.recv() == p.TIMED_OUT
+
+
+async def test_reserve_job_from_buried_then_release_is_ready(lp, autojump_clock) -> None:
+    c = Client(lp)
+    await c.ask(b"put 0 0 10 1\r\nx\r\nreserve\r\nbury 1 0\r\n")
+    assert await c.ask(b"reserve-job 1\r\n") == b"RESERVED 1 1\r\nx\r\n"
+    assert await c.ask(b"release 1 0 0\r\n") == p.RELEASED
+    assert b"state: ready\n" in await c.ask(b"stats-job 1\r\n")
+
+
+async def test_drain_mode_refuses_puts(lp, autojump_clock) -> None:
+    c = Client(lp)
+    lp.draining = True
+    assert await c.ask(b"put 0 0 10 1\r\nx\r\n") == p.DRAINING
+
+
+async def test_live_put_path_logs_what_a_put_record_encodes_to(tmp_path, nursery,
+                                                               autojump_clock) -> None:
+    """dispatch's everyday put stages its record without making it (loop.log_put):
+    the bytes must be those of `records.encode(Put(...))` and replay must
+    rebuild the same jobs."""
+    loop = make_loop(tmp_path)
+    nursery.start_soon(loop.run)
+    c = Client(loop)
+    await c.ask(b"use other\r\n")
+    assert await c.ask(b"put 7 0 30 2\r\nhi\r\nput 1 5 0 0\r\n\r\n") == \
+        b"INSERTED 1\r\nINSERTED 2\r\n"
+    loop.journal.close()
+    puts = []
+    for _first, path in aof.list_segments(tmp_path / "aof"):
+        for entry in aof.read_frames(path.read_bytes()):
+            if isinstance(entry, aof.FrameScan):
+                break
+            rec = records.decode(entry[1])
+            assert records.encode(rec) == entry[1]
+            if isinstance(rec, records.Put):
+                puts.append(rec)
+    assert [(x.id, x.tube, x.pri, x.delay, x.ttr, x.body) for x in puts] == [
+        (1, "other", 7, 0, 30, b"hi"), (2, "other", 1, 5, 1, b"")]  # ttr 0 means 1
+    replayed = recover(tmp_path, repair=False).state
+    for jid in (1, 2):
+        live, again = loop.state.jobs[jid], replayed.jobs[jid]
+        assert (live.pri, live.ttr, live.state, live.deadline, live.body, live.tube.name) == (
+            again.pri, again.ttr, again.state, again.deadline, again.body, again.tube.name)

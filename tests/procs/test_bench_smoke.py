@@ -1,0 +1,68 @@
+"""The benchmark harness (bench/run.py) runs end to end in its tiny mode.
+
+Not a performance test: no number is judged, only that both servers were
+driven in every durability mode and the table, JSON and markdown came out
+well formed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..support.procs import REPO
+
+SERVERS = ("smallstalk", "beanstalkd")
+
+pytestmark = pytest.mark.skipif(shutil.which("beanstalkd") is None,
+                                reason="beanstalkd is not installed (make system-packages)")
+
+
+def test_bench_tiny_mode_produces_table_and_json(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "run.py"), "--tiny", "--out", str(out),
+         "--tmp", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+    # The printed table names both servers, their ratio and every section.
+    text = proc.stdout
+    for needle in ("ops/s ss", "ops/s bs", "ratio", "no persistence", "--fsync never",
+                   "--fsync always", "Memory: RSS", "Restart with", "Targets"):
+        assert needle in text, needle
+
+    results = json.loads((out / "latest-tiny.json").read_text())
+    stamped = [p for p in out.glob("*.json") if not p.name.startswith("latest")]
+    assert len(stamped) == 1 and json.loads(stamped[0].read_text()) == results
+    assert results["meta"]["preset"] == "tiny"
+
+    points = results["points"]
+    assert {p["mode"] for p in points} == {"memory", "never", "always"}
+    for p in points:
+        assert set(p["servers"]) == set(SERVERS)
+        for kind, r in p["servers"].items():
+            where = f"{p['mode']}/{p['workload']}/{p['conns']} {kind}"
+            assert "error" not in r, f"{where}: {r['error']}"
+            assert r["ops"] > 0 and r["ops_per_sec"] > 0, where
+            assert r["server_cpu_us_per_op"] is not None, where
+            assert r["lat_p50_us"] is not None and r["lat_p99_us"] >= r["lat_p50_us"], where
+        assert set(p["ratio"]) >= {"ops_per_sec", "server_cpu_us_per_op"}
+
+    for section, key in (("rss", "bytes_per_job"), ("startup", "ready_s")):
+        servers = results[section]["servers"]
+        assert set(servers) == set(SERVERS), section
+        for kind, r in servers.items():
+            assert "error" not in r, f"{section} {kind}: {r['error']}"
+            assert isinstance(r[key], int | float), f"{section} {kind}"
+        assert results[section]["ratio"] is not None
+    assert results["targets"] and all("ratio" in t for t in results["targets"])
+
+    md = (out / "latest-tiny.md").read_text()
+    assert "| mode | workload | conns |" in md and "|---" in md

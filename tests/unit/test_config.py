@@ -1,0 +1,319 @@
+"""`serve --config FILE` parsed: values, flags over the file, `config dump --config`, the docs."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from smallstalk import cli
+from smallstalk.config import (
+    SERVE_HELP,
+    ServeConfig,
+    UsageError,
+    parse_serve,
+    server_changes,
+)
+from smallstalk.launch import listen_address
+from smallstalk.ops import config_dump as configcmd
+from smallstalk.server.policy import TubePolicy, render
+from smallstalk.storage.aof import FSYNC_ALWAYS, FSYNC_INTERVAL, FSYNC_NEVER
+
+from ..support.procs import REPO
+
+FULL = """\
+[server]
+listen = "127.0.0.1"
+port = 12345
+max-job-size = "128k"
+data-dir = "data"
+fsync = "everysec"
+fsync-interval = 250
+segment-records = 5000
+segment-bytes = "8MiB"
+compact-interval = "2m"
+compact-segments = 8
+compact = false
+keep-segments-hours = 1.5
+keep-segments-bytes = "1GB"
+replica-of = "primary.example:11300"
+min-replica-acks = 1
+replica-ack-timeout = 2.5
+max-memory = "64MB"
+
+[tubes.default]
+max-age = "7d"
+max-job-size = 65536
+
+[tubes."orders"]
+max-jobs = 10000
+max-bytes = "512MB"
+discard-old-when-full = true
+expire-to = "orders-expired"
+
+[tubes."orders+audit"]
+max-age = 0
+max-memory = "16MB"
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "smallstalk.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def parse(*argv: str) -> ServeConfig:
+    cfg = parse_serve(list(argv))
+    assert isinstance(cfg, ServeConfig), cfg
+    return cfg
+
+
+def parse_yaml(body: bytes) -> dict[str, dict[str, str]]:
+    """policy.render's YAML (`tube:` then `  key: value`) as nested dicts."""
+    lines = body.decode().splitlines()
+    assert lines[0] == "---", body
+    out: dict[str, dict[str, str]] = {}
+    tube = None
+    for line in lines[1:]:
+        if not line.startswith(" "):
+            tube = line.removesuffix(":").strip('"')
+            out[tube] = {}
+        else:
+            key, _, value = line.strip().partition(": ")
+            out[tube][key] = value.strip('"')
+    return out
+
+
+# --- the file --------------------------------------------------------------------------
+
+
+def test_every_server_key(tmp_path: Path) -> None:
+    path = write(tmp_path, FULL)
+    cfg = parse("--config", str(path))
+    assert cfg.addr == "127.0.0.1" and cfg.port == 12345
+    assert cfg.max_job_size == 128 << 10
+    assert cfg.data_dir == tmp_path / "data"  # relative to the file
+    assert cfg.fsync == FSYNC_INTERVAL and cfg.fsync_interval == 0.25
+    assert cfg.segment_records == 5000 and cfg.segment_bytes == 8 << 20
+    assert cfg.compact_interval == 120.0 and cfg.compact_segments == 8
+    assert cfg.compact is False
+    assert cfg.keep_hours == 1.5 and cfg.keep_bytes == 1 << 30
+    assert cfg.replica_of == ("primary.example", 11300)
+    assert cfg.min_replica_acks == 1 and cfg.replica_ack_timeout == 2.5
+    assert cfg.max_memory == 64 << 20
+    assert cfg.config_path == path.absolute()
+
+
+def test_defaults_without_a_file() -> None:
+    cfg = parse()
+    assert cfg.max_memory == 0 and cfg.config_path is None
+    assert cfg.policies.of("anything") == TubePolicy()
+    assert cfg == ServeConfig()
+
+
+@pytest.mark.parametrize("text, attr, want", [
+    ("max-memory = 1048576", "max_memory", 1 << 20),
+    ('max-memory = "512k"', "max_memory", 512 << 10),
+    ('max-memory = "2GiB"', "max_memory", 2 << 30),
+    ("max-memory = 0", "max_memory", 0),
+    ('segment-bytes = "1k"', "segment_bytes", 4096),  # the flag's floor too
+    ('max-job-size = "4GB"', "max_job_size", 1 << 30),  # capped like -z
+    ("compact-interval = 30", "compact_interval", 30.0),
+    ("compact-interval = 0.5", "compact_interval", 0.5),
+    ('replica-ack-timeout = "1m"', "replica_ack_timeout", 60.0),
+    ('fsync = "never"', "fsync", FSYNC_NEVER),
+    ('fsync = "always"', "fsync", FSYNC_ALWAYS),
+    ('data-dir = "/var/lib/smallstalk"', "data_dir", Path("/var/lib/smallstalk")),
+])
+def test_sizes_durations_and_values(tmp_path: Path, text: str, attr: str, want) -> None:
+    cfg = parse("--config", str(write(tmp_path, f"[server]\n{text}\n")))
+    assert getattr(cfg, attr) == want
+
+
+def test_tube_tables_inherit_from_default(tmp_path: Path) -> None:
+    cfg = parse("--config", str(write(tmp_path, FULL)))
+    pol = cfg.policies
+    week = 7 * 86400
+    assert pol.of("default") == TubePolicy(max_age=week, max_job_size=65536)
+    assert pol.of("never-configured") == pol.default
+    assert pol.of("orders") == TubePolicy(
+        max_jobs=10000, max_bytes=512 << 20, max_job_size=65536, discard_old_when_full=True,
+        max_age=week, expire_to="orders-expired")
+    # A named tube overrides the default's max-age with 0 (never).
+    assert pol.of("orders+audit") == TubePolicy(max_age=0, max_job_size=65536,
+                                                max_memory=16 << 20)
+
+
+def test_a_file_with_tubes_only(tmp_path: Path) -> None:
+    cfg = parse("--config", str(write(tmp_path, '[tubes.default]\nmax-jobs = 3\n')))
+    assert cfg.policies.default.max_jobs == 3
+    assert cfg.port == 11300 and cfg.file_settings == {}
+
+
+@pytest.mark.parametrize("text, key", [
+    ("[server]\nprot = 1\n", "'prot'"),
+    ('[server]\nport = "11300"\n', "server.port"),
+    ("[server]\nport = 70000\n", "server.port"),
+    ("[server]\nport = -1\n", "server.port"),
+    ("[server]\ncompact = 1\n", "server.compact"),
+    ('[server]\nfsync = "sometimes"\n', "server.fsync"),
+    ("[server]\nfsync-interval = 0.5\n", "server.fsync-interval"),
+    ('[server]\nmax-memory = "lots"\n', "server.max-memory"),
+    ("[server]\nmax-memory = true\n", "server.max-memory"),
+    ('[server]\nreplica-of = "nohost"\n', "server.replica-of"),
+    ('[server]\ncompact-interval = "soon"\n', "server.compact-interval"),
+    ("[server]\nkeep-segments-hours = -2\n", "server.keep-segments-hours"),
+    ('[server]\nlisten = ""\n', "server.listen"),
+    ("server = 3\n", "server"),
+    ("[sever]\nport = 1\n", "'sever'"),
+    ("[tubes.default]\nmax-jobz = 1\n", "'max-jobz'"),
+    ('[tubes.default]\nmax-age = "forever"\n', "tubes.default.max-age"),
+    ('[tubes."orders"]\nmax-jobs = -1\n', "tubes.orders.max-jobs"),
+    ('[tubes."orders"]\nexpire-to = "orders"\n', "tubes.orders.expire-to"),
+    ('[tubes."bad name"]\nmax-jobs = 1\n', "'bad name'"),
+    ("[server\n", "not valid TOML"),
+])
+def test_errors_name_the_file_and_the_key(tmp_path: Path, text: str, key: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(UsageError) as e:
+        parse_serve(["--config", str(path)])
+    assert str(path.absolute()) in str(e.value) and key in str(e.value), str(e.value)
+
+
+def test_a_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="nope.toml: cannot read"):
+        parse_serve(["--config", str(tmp_path / "nope.toml")])
+
+
+def test_config_twice_is_an_error(tmp_path: Path) -> None:
+    path = str(write(tmp_path, ""))
+    with pytest.raises(UsageError, match="twice"):
+        parse_serve(["--config", path, "--config", path])
+
+
+@pytest.mark.parametrize("before", [True, False], ids=["flags-first", "flags-last"])
+def test_flags_win_over_the_file_wherever_they_stand(tmp_path: Path, before: bool) -> None:
+    path = write(tmp_path, FULL)
+    flags = ["-p", "7000", "-l", "::1", "--fsync", "always", "--max-memory", "1k",
+             "-b", "elsewhere", "--compact-segments=2", "-z", "100"]
+    argv = [*flags, f"--config={path}"] if before else ["--config", str(path), *flags]
+    cfg = parse(*argv)
+    assert (cfg.addr, cfg.port) == ("::1", 7000)
+    assert cfg.fsync == FSYNC_ALWAYS
+    assert cfg.fsync_interval == 0.25  # not named by a flag: the file's
+    assert cfg.max_memory == 1024
+    assert cfg.data_dir == Path("elsewhere")
+    assert cfg.compact_segments == 2 and cfg.max_job_size == 100
+    assert cfg.segment_records == 5000 and cfg.compact is False  # the file's
+
+
+def test_beanstalkd_short_flags_over_the_file(tmp_path: Path) -> None:
+    path = str(write(tmp_path, '[server]\nfsync = "always"\nsegment-bytes = "1MB"\n'))
+    assert parse("-F", "--config", path).fsync == FSYNC_NEVER
+    cfg = parse("--config", path, "-f", "200", "-s", "8192", "-VV")
+    assert cfg.fsync == FSYNC_INTERVAL and cfg.fsync_interval == 0.2
+    assert cfg.segment_bytes == 8192 and cfg.verbose == 2
+    on = str(write(tmp_path, "[server]\ncompact = true\n", "on.toml"))
+    assert parse("--no-compact", "--config", on).compact is False
+
+
+def test_max_memory_flag() -> None:
+    assert parse("--max-memory", "65536").max_memory == 65536
+    assert parse("--max-memory=64MB").max_memory == 64 << 20
+    with pytest.raises(UsageError, match="--max-memory"):
+        parse_serve(["--max-memory", "a lot"])
+
+
+def test_help_mentions_the_file_and_max_memory() -> None:
+    assert parse_serve(["-h"]) == SERVE_HELP
+    assert "--config FILE" in SERVE_HELP and "--max-memory BYTES" in SERVE_HELP
+
+
+def test_server_changes_compares_values_not_spelling(tmp_path: Path) -> None:
+    path = write(tmp_path, '[server]\nport = 12000\nmax-memory = "64MB"\n[tubes.default]\n')
+    cfg = parse("--config", str(path), "-p", "5")
+    assert server_changes(cfg) == []
+    path.write_text("[server]\nport = 12000\nmax-memory = 67108864\n")
+    assert server_changes(cfg) == []
+    path.write_text('[server]\nport = 12001\nfsync = "never"\nmax-memory = "64MB"\n')
+    assert server_changes(cfg) == ["port", "fsync"]
+    path.write_text("[tubes.default]\nmax-jobs = 1\n")
+    assert server_changes(cfg) == ["port", "max-memory"]
+
+
+def test_the_early_socket_is_dropped_when_the_file_moves_the_port(tmp_path: Path) -> None:
+    path = str(write(tmp_path, "[server]\nport = 12000\n"))
+    # With a file, launch.py does not bind early at all (the file may move the port)...
+    for argv in (["--config", path], ["--config", path, "-p", "12000"],
+                 ["-l", "unix:/tmp/x.sock", "--config", path]):
+        assert listen_address(argv) is None
+        assert not cli._early_socket_fits(argv, parse(*argv))
+    # ...and without one, the early socket is the one the flags ask for.
+    argv = ["-p", "12000"]
+    assert cli._early_socket_fits(argv, parse(*argv))
+
+
+# --- config dump --config --------------------------------------------------------------
+
+
+def run_dump(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = configcmd.main(["dump", *argv], stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_config_dump_from_a_file(tmp_path: Path) -> None:
+    path = write(tmp_path, FULL)
+    code, out, err = run_dump("--config", str(path))
+    assert code == 0, err
+    cfg = parse("--config", str(path))
+    assert out == render(cfg.policies.dump([])).decode()
+    tubes = parse_yaml(out.encode())
+    assert list(tubes) == ["default", "orders", "orders+audit"]
+    assert tubes["default"]["max-age"] == str(7 * 86400)
+    assert tubes["orders"] == {
+        "max-jobs": "10000", "max-bytes": str(512 << 20), "max-job-size": "65536",
+        "discard-old-when-full": "true", "max-age": str(7 * 86400),
+        "expire-to": "orders-expired", "fanout-only": "false", "max-memory": "0"}
+    assert tubes["orders+audit"]["max-memory"] == str(16 << 20)
+
+
+def test_config_dump_of_a_bad_file_names_the_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "[server]\nport = 1\nbogus = 2\n")
+    code, out, err = run_dump("--config", str(path))
+    assert code == 1 and out == ""
+    assert str(path) in err and "'bogus'" in err
+
+
+def test_config_dump_usage() -> None:
+    assert run_dump("--config", "a", "--server", "b:1")[0] == 2
+    assert run_dump("--bogus")[0] == 2
+    assert run_dump("--server", "no-port")[0] == 2
+    assert configcmd.main(["show"], stdout=io.StringIO(), stderr=io.StringIO()) == 2
+    code, out, _ = run_dump("-h")
+    assert code == 0 and "--server HOST:PORT" in out
+
+
+# --- docs/CONFIG.md --------------------------------------------------------------------
+
+
+def test_the_documented_example_is_a_valid_file(tmp_path: Path) -> None:
+    doc = (REPO / "docs" / "CONFIG.md").read_text()
+    example = re.search(r"```toml\n(.*?)```", doc, re.S).group(1)
+    cfg = parse("--config", str(write(tmp_path, example)))
+    assert cfg.max_memory == 512 << 20 and cfg.keep_hours == 24.0
+    assert cfg.policies.of("emails").expire_to == "emails.expired"
+    assert cfg.policies.of("emails.expired").max_age == 30 * 86400
+    assert cfg.policies.of("orders").fanout_only
+
+
+def test_every_key_is_documented() -> None:
+    from smallstalk.config import SERVER_KEYS
+    from smallstalk.server.policy import TUBE_KEYS
+
+    doc = (REPO / "docs" / "CONFIG.md").read_text()
+    for key in [*SERVER_KEYS, *TUBE_KEYS]:
+        assert f"| `{key}` |" in doc, key
