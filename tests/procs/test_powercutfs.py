@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from .procs import wait_for
-from .support.powercut import PowerCutMount, mounted
+from ..support.powercut import PowerCutMount, mounted
+from ..support.procs import wait_for
 
 
 @pytest.fixture
