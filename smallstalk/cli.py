@@ -32,7 +32,7 @@ from smallstalk.server.connection import open_listeners, serve_listeners
 from smallstalk.server.loop import MutationLoop
 from smallstalk.server.policy import ConfigError
 from smallstalk.storage import compactor
-from smallstalk.storage.aof import FSYNC_INTERVAL
+from smallstalk.storage.aof import FSYNC_INTERVAL, make_dirs
 from smallstalk.storage.bodies import BodyStore
 from smallstalk.storage.journal import Journal
 from smallstalk.storage.recovery import recover
@@ -83,7 +83,7 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
     """Run the server; `listen_socket` is one launch.py already bound."""
     journal = None
     if cfg.data_dir is not None:
-        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(cfg.data_dir)
         started = trio.current_time()
         # Read-behind: bodies past --max-memory (or a tube's max-memory) stay on disk.
         pol = cfg.policies
