@@ -200,54 +200,60 @@ def test_the_first_compaction_survives_a_power_cut(tmp_path: Path, disk: PowerCu
 # --- a replica installing its primary's snapshot ----------------------------------------------
 
 
-def test_a_replica_that_installed_a_snapshot_survives_a_power_cut(
+def test_a_replica_installing_a_snapshot_survives_a_power_cut(
         tmp_path: Path, disk: PowerCutMount, servers: list[Server]) -> None:
-    """A fresh replica of a compacted primary installs its snapshot (a full resync); the
-    power goes; on what is left the replica starts, holding every job the primary
-    acknowledged after the replica had confirmed it (--min-replica-acks 1)."""
+    """A fresh replica (data on powercutfs) of a compacted primary installs the primary's
+    snapshot (a full resync), and the power goes: once while it may be installing,
+    once after the primary acknowledged puts the replica confirmed (--min-replica-acks 1).
+    On what is left the replica starts on its own, holding the snapshot whole or not
+    at all, and every confirmed put."""
     seed, rng = seeded("replica power cut")
-    primary = start_smallstalk(tmp_path, "--segment-records", "20", "--compact-interval", "0.2",
-                               "--compact-segments", "1", "--min-replica-acks", "1",
-                               "--replica-ack-timeout", "30", data_dir=tmp_path / "primary")
+    primary_data = tmp_path / "primary"
+    compacting = ("--segment-records", "20", "--compact-interval", "0.2",
+                  "--compact-segments", "1")
+    primary = start_smallstalk(tmp_path, *compacting, data_dir=primary_data)
     servers.append(primary)
-    before: list[int] = []
     with connect(primary.port) as c:
-        # Nothing is acknowledged without a replica: pipeline, then let one join.
-        c.send(b"".join(b"put 0 0 60 4\r\nold%d\r\n" % (i % 10) for i in range(200)))
-        replica_data = disk.path / "replica"
-        aof_dir = tmp_path / "primary" / "aof"
-        # The first replica acks them; it goes, and the primary compacts past them.
-        first = start_smallstalk(tmp_path, "--replica-of", f"127.0.0.1:{primary.port}",
-                                 data_dir=tmp_path / "first-replica")
-        servers.append(first)
-        before = [c.read().id for _ in range(200)]
-        first.stop()
-        for _ in range(3):
+        before = [r.id for r in c.pipeline([b"put 0 0 60 4\r\nold%d\r\n" % (i % 10)
+                                            for i in range(200)])]
+        for _ in range(25):  # close the last segment with them
             assert c.call(b"use filler\r\n").status == b"USING"
-        wait_for(lambda: aof.list_segments(aof_dir)[0][0] > 100, 30.0,
-                 "the primary compacting its early segments")
+    aof_dir = primary_data / "aof"
+    wait_for(lambda: aof.list_segments(aof_dir)[0][0] > 200, 30.0,
+             "the primary compacting past the puts")
+    primary.stop()
+    primary = start_smallstalk(tmp_path, *compacting, "--min-replica-acks", "1",
+                               data_dir=primary_data)
+    servers.append(primary)
+    for attempt, when in enumerate(("installing", "confirmed")):
+        data = disk.path / f"replica{attempt}"
         replica = start_smallstalk(tmp_path, "--replica-of", f"127.0.0.1:{primary.port}",
-                                   *(READ_BEHIND if rng.random() < 0.5 else ()),
-                                   data_dir=replica_data)
+                                   *(READ_BEHIND if rng.random() < 0.5 else ()), data_dir=data)
         servers.append(replica)
         after = []
-        n = rng.randrange(0, 60)
-        for i in range(n):  # each one acknowledged only once the replica has it
-            r = c.put(b"after %d" % i)
-            assert r.status == b"INSERTED", r
-            after.append(r.id)
-        wait_for(lambda: "full resync" in replica.log(), 10.0, "the replica's full resync")
-        time.sleep(rng.uniform(0, 0.3))
+        if when == "installing":
+            time.sleep(rng.uniform(0, 0.2))
+        else:
+            with connect(primary.port) as c:
+                for i in range(rng.randrange(1, 40)):  # acknowledged once the replica has it
+                    r = c.put(b"after %d" % i)
+                    assert r.status == b"INSERTED", r
+                    after.append(r.id)
+            assert "full resync" in replica.log()
         cut = power_cut(disk, replica.pid)
         replica.kill()
-    ctx = f"seed {seed}, {n} puts after the resync, undone {cut}"
-    # On its own, without the primary: only what it made durable counts.
-    alone = restart(tmp_path, replica_data, ctx=ctx)
-    servers.append(alone)
-    with connect(alone.port) as c:
-        got = peek_ids(c, before + after)
-    missing = sorted(set(before + after) - got.keys())
-    assert not missing, f"{ctx}: the replica lost {len(missing)} jobs: {missing[:20]}"
+        ctx = f"seed {seed}, cut while {when}, {len(after)} confirmed puts, undone {cut}"
+        alone = restart(tmp_path, data, ctx=ctx)  # without the primary: only its own disk
+        servers.append(alone)
+        with connect(alone.port) as c:
+            got = peek_ids(c, before + after)
+        alone.kill()
+        missing = sorted(set(after) - got.keys())
+        assert not missing, f"{ctx}: the replica lost {len(missing)} confirmed puts: {missing}"
+        held = len(got.keys() & set(before))
+        assert held in (0, len(before)), f"{ctx}: {held} of the snapshot's {len(before)} jobs"
+        if when == "confirmed":
+            assert held == len(before), f"{ctx}: the installed snapshot is gone"
 
 
 # --- relaxed fsync modes: what a cut loses -----------------------------------------------------
