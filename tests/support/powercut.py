@@ -110,15 +110,28 @@ class PowerCutMount:
     def pending(self) -> dict[str, int]:
         return self.call("pending")
 
+    def arm(self, dirname: str, drop: bool = False) -> None:
+        """Cut right after the next fsync of directory `dirname` (with `drop`: one that
+        makes a removal durable); then everything fails until `resume`."""
+        self.call(f"arm {dirname}{' drop' if drop else ''}")
+
+    def fired(self) -> bool:
+        return bool(self.call("status")["dead"])
+
+    def resume(self) -> None:
+        self.call("resume")
+
     def stop(self) -> None:
-        if os.path.ismount(self.path):
-            subprocess.run(["fusermount3", "-u", "-z", str(self.path)], check=False,
-                           capture_output=True)
+        # Unconditionally: a dead file system fails the stat that os.path.ismount needs.
+        subprocess.run(["fusermount3", "-u", "-z", str(self.path)], check=False,
+                       capture_output=True)
         try:
             self.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=15)
+            subprocess.run(["fusermount3", "-u", "-z", str(self.path)], check=False,
+                           capture_output=True)
 
 
 # --- processes ------------------------------------------------------------------------
@@ -181,11 +194,13 @@ def freeze(pid: int, timeout: float = 10.0) -> list[int]:
     return frozen
 
 
-def power_cut(mount: PowerCutMount, pid: int, torn_seed: int | None = None) -> dict[str, int]:
-    """Freeze `pid` and its children, cut the power under them, SIGKILL them all."""
+def power_cut(mount: PowerCutMount | None, pid: int,
+              torn_seed: int | None = None) -> dict[str, int]:
+    """Freeze `pid` and its children, cut the power under them, SIGKILL them all.
+    (`mount` None: an armed cut happened already; only freeze and kill.)"""
     frozen = freeze(pid)
     try:
-        return mount.cut(torn_seed)
+        return mount.cut(torn_seed) if mount is not None else {}
     finally:
         for p in frozen:
             with contextlib.suppress(ProcessLookupError):

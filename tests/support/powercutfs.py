@@ -26,6 +26,11 @@ page-cache writeback that was under way may have left) and undoes the rest.
 Handles opened before a cut answer EIO from then on: the processes that held
 them died with the power.
 
+`arm NAME [drop]` cuts at a precise point instead: right after the next
+fsync of a directory named NAME (with `drop`: one that made a removal
+durable). Then every request fails with EIO, as if the machine were off,
+until `resume` (after the test has killed the writers).
+
 Every request is handled without awaiting (blocking file I/O on BACKING is
 quick), so a request and a cut never interleave.
 """
@@ -85,10 +90,14 @@ class Model:
         root = Node(ROOT, stat.S_IFDIR | 0o755, os.getuid(), os.getgid())
         self.nodes[ROOT] = root
         self.cuts = 0
+        self.armed: tuple[bytes, bool] | None = None  # cut after fsyncdir of (name, drop only)
+        self.dead = False  # cut by the trigger: every request fails until `resume`
 
     # --- nodes --------------------------------------------------------------------
 
     def node(self, ino: int) -> Node:
+        if self.dead:
+            raise pyfuse3.FUSEError(errno.EIO)  # the power is off
         n = self.nodes.get(ino)
         if n is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
@@ -164,6 +173,18 @@ class Model:
             n = self.nodes.get(ino)
             if n is not None:
                 self.maybe_free(n)
+        if self.armed is not None and self.armed[0] == self.name_of(d) and (
+                dropped or not self.armed[1]):
+            self.armed = None
+            self.cut()
+            self.dead = True
+
+    def name_of(self, d: Node) -> bytes:
+        for parent in self.nodes.values():
+            for name, ino in parent.entries.items():
+                if ino == d.ino and parent.is_dir:
+                    return name
+        return b"/"
 
     # --- the power cut ------------------------------------------------------------
 
@@ -462,10 +483,19 @@ def command(m: Model, line: str) -> str:
         return "ok"
     if words == ["pending"]:
         return "ok " + " ".join(f"{k}={v}" for k, v in m.pending().items())
+    if len(words) in (2, 3) and words[0] == "arm" and words[2:] in ([], ["drop"]):
+        m.armed = (words[1].encode(), words[2:] == ["drop"])
+        return "ok"
+    if words == ["status"]:
+        return f"ok armed={int(m.armed is not None)} dead={int(m.dead)} cuts={m.cuts}"
+    if words == ["resume"]:
+        m.dead = False
+        return "ok"
     if words == ["cut"] or (len(words) == 3 and words[:2] == ["cut", "torn"]):
         torn = random.Random(int(words[2])) if len(words) == 3 else None
         return "ok " + " ".join(f"{k}={v}" for k, v in m.cut(torn).items())
-    return f"error unknown command {line.strip()!r} (ping, pending, cut, cut torn SEED)"
+    return (f"error unknown command {line.strip()!r} "
+            "(ping, pending, status, cut, cut torn SEED, arm DIRNAME [drop], resume)")
 
 
 async def serve_control(m: Model, path: Path, ready: trio.Event) -> None:
