@@ -8,7 +8,7 @@ FULL := $(VENV)/.installed-analytics
 DATA ?= data
 PORT ?= 11300
 
-.PHONY: run test test-fast lint bench fixtures clean system-packages
+.PHONY: run test test-fast lint bench fixtures clean system-packages fuse-packages
 
 # Debian packages the tests use: the real beanstalkd to compare with, Java for
 # Spark, Node for the JavaScript clients' own test suites.
@@ -19,7 +19,16 @@ system-packages:
 	command -v npm >/dev/null || missing="$$missing nodejs npm"; \
 	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing; fi
 
-$(STAMP): pyproject.toml
+# FUSE for the power-cut tests (tests/support/powercutfs.py): fuse3 has
+# fusermount3; libfuse3-dev and pkg-config build pyfuse3 (in the test extra).
+fuse-packages:
+	@missing=""; \
+	command -v fusermount3 >/dev/null || missing="$$missing fuse3"; \
+	command -v pkg-config >/dev/null || missing="$$missing pkg-config"; \
+	dpkg -s libfuse3-dev >/dev/null 2>&1 || missing="$$missing libfuse3-dev"; \
+	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing; fi
+
+$(STAMP): pyproject.toml | fuse-packages
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
