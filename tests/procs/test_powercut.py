@@ -129,6 +129,7 @@ class PowerRounds(Harness):
         return new
 
 
+@pytest.mark.timeout(max(300, 15 * ROUNDS))
 def test_power_cut_rounds_lose_no_acknowledged_change(tmp_path: Path, disk: PowerCutMount,
                                                       servers: list[Server]) -> None:
     """--fsync always: no acknowledged put lost, no acknowledged delete back, start-up succeeds."""
