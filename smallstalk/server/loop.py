@@ -45,7 +45,7 @@ import trio
 
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
-from smallstalk.core.state import NS, State
+from smallstalk.core.state import NS, READY, State
 from smallstalk.server import dispatch
 from smallstalk.server.policy import ConfigError, Policies, load_policies
 from smallstalk.storage.aof import FSYNC_ALWAYS
@@ -299,7 +299,9 @@ class MutationLoop:
     def _stage(self, rec: r.Record) -> None:
         payload = self.journal.append(rec)
         kind = type(rec)
-        if kind in NEED_NO_SYNC and not self.min_replica_acks:
+        if kind in NEED_NO_SYNC and not self.min_replica_acks \
+                and self.state.jobs[rec.id].state == READY:
+            # (reserve-job out of buried or delayed: losing it would put the job back there)
             self._revealed = self._job_need(rec.id)
         else:
             self._must_sync = rec.seq

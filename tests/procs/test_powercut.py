@@ -235,6 +235,35 @@ def test_a_power_cut_at_a_compactions_critical_moment(tmp_path: Path, disk: Powe
     assert len(got) == len(acked), f"{ctx}: {len(acked) - len(got)} lost"
 
 
+@pytest.mark.parametrize("was", ["buried", "delayed"])
+def test_reserve_job_out_of_buried_or_delayed_is_durable_before_its_reply(
+        tmp_path: Path, disk: PowerCutMount, servers: list[Server], was: str) -> None:
+    """`reserve-job` takes a job out of buried (or delayed); a restart ends the reservation,
+    so the job is ready after a crash (as test_crash holds for SIGKILL). Its record must
+    be on disk before RESERVED, or a power cut puts the job back where it was."""
+    data = disk.path / "data"
+    srv = start_smallstalk(tmp_path, data_dir=data)
+    servers.append(srv)
+    jobs = []
+    for i in range(3):
+        with connect(srv.port) as c:
+            if was == "buried":
+                jid = c.put(b"job %d" % i).id
+                assert c.call(b"reserve-job %d\r\n" % jid).status == b"RESERVED"
+                assert c.call(b"bury %d 0\r\n" % jid).status == b"BURIED"
+            else:
+                jid = c.put(b"job %d" % i, delay=3600).id
+            assert c.call(b"reserve-job %d\r\n" % jid).status == b"RESERVED"
+            power_cut(disk, srv.pid)  # at once: before any later fsync could cover it
+        srv.kill()
+        jobs.append(jid)
+        srv = restart(tmp_path, data, ctx=f"after reserve-job of {was} job {jid}")
+        servers.append(srv)
+        with connect(srv.port) as c:
+            states = {j: (c.stats_job(j) or {}).get("state") for j in jobs}
+        assert states == dict.fromkeys(jobs, "ready"), states
+
+
 # --- a replica installing its primary's snapshot ----------------------------------------------
 
 
