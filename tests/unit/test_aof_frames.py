@@ -74,9 +74,11 @@ def test_frames_that_do_not_continue_the_sequence_are_not_the_log() -> None:
     # a frame-shaped run inside garbage, but its seqs are at or below the last good one
     old = aof.frame(put(1)) + aof.frame(put(2))
     assert aof.later_good_frame(good + b"\xff" * 5 + old, len(good), 2) is None
-    # ... or with a gap between its own records
+    # ... or with a gap between its own records (from the last one on, a run does continue)
     gap = aof.frame(put(3)) + aof.frame(put(5))
-    assert aof.later_good_frame(good + b"\xff" * 5 + gap, len(good), 2) is None
+    at = len(good) + 5
+    assert aof.later_good_frame(good + b"\xff" * 5 + gap, len(good), 2) == \
+        at + len(aof.frame(put(3)))
     # ... or followed by damage of its own
     tail = aof.frame(put(3)) + b"\x00\x01"
     assert aof.later_good_frame(good + b"\xff" * 5 + tail, len(good), 2) is None
