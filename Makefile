@@ -8,7 +8,7 @@ FULL := $(VENV)/.installed-analytics
 DATA ?= data
 PORT ?= 11300
 
-.PHONY: run test test-fast lint bench fixtures clean system-packages fuse-packages
+.PHONY: run test test-fast lint bench fixtures clean system-packages fuse-packages mutation
 
 # Debian packages the tests use: the real beanstalkd to compare with, Java for
 # Spark, Node for the JavaScript clients' own test suites.
@@ -49,6 +49,16 @@ test: $(FULL) system-packages
 test-fast: $(STAMP)
 	$(BIN)/ruff check smallstalk tests
 	$(BIN)/pytest -q tests/unit tests/inproc
+
+# Mutation testing (mutmut) of the storage layer and the state machine; not in
+# `make test`: all of it takes hours on 2 cores. MUTANTS narrows the run, e.g.
+# `make mutation MUTANTS='smallstalk.storage.aof*'`. mutmut maps mutants to the
+# in-process tests only (tests/unit, tests/inproc): a missing fsync survives
+# there and is killed by tests/procs/test_powercut.py (see README, Durability).
+mutation: $(STAMP)
+	$(BIN)/pip install -q -e '.[test,mutation]'
+	$(BIN)/mutmut run $(MUTANTS)
+	$(BIN)/mutmut results
 
 lint: $(STAMP)
 	$(BIN)/ruff check smallstalk tests
