@@ -200,3 +200,22 @@ def test_a_deleted_file_stays_readable_while_open_and_its_bytes_go_after(
     assert len(os.listdir(disk.backing)) == 1
     os.close(fd)  # the kernel sends the release after close() returns
     wait_for(lambda: os.listdir(disk.backing) == [], 10.0, "the deleted file's bytes to go")
+
+
+def test_an_armed_cut_comes_right_after_that_directory_fsync(disk: PowerCutMount) -> None:
+    d = disk.path / "snapshots"
+    d.mkdir()
+    fsync_path(disk.path)
+    write_file(d / "new", b"renamed and fsynced", sync=True)
+    write_file(disk.path / "unsynced", b"lost")
+    disk.arm("snapshots", drop=True)
+    fsync_path(d)  # adds an entry, removes none: not the moment
+    assert not disk.fired()
+    (d / "new").unlink()
+    fsync_path(d)  # the removal is durable, and then the power goes
+    assert disk.fired()
+    with pytest.raises(OSError) as e:
+        os.listdir(disk.path)
+    assert e.value.errno == errno.EIO
+    disk.resume()
+    assert os.listdir(disk.path) == ["snapshots"] and os.listdir(d) == []
