@@ -34,7 +34,7 @@ from smallstalk.server.connection import serve_listeners
 from smallstalk.server.loop import MutationLoop
 from smallstalk.server.policy import ConfigError
 from smallstalk.storage import compactor, datadir
-from smallstalk.storage.aof import FSYNC_INTERVAL, CorruptionError
+from smallstalk.storage.aof import FSYNC_INTERVAL, CorruptionError, make_dirs
 from smallstalk.storage.bodies import BodyStore
 from smallstalk.storage.journal import Journal
 from smallstalk.storage.recovery import recover, refusal
@@ -108,7 +108,7 @@ def _check_data_dir(path: Path) -> None:
     """The data directory exists (made if need be), is a directory, and is ours to write."""
     if path.exists() and not path.is_dir():
         raise StartError(f"data directory {path} is a file, not a directory (-b DIR)")
-    path.mkdir(parents=True, exist_ok=True)
+    make_dirs(path)  # made durably: each new directory's entry fsynced into its parent
     if not os.access(path, os.W_OK | os.X_OK):
         raise StartError(f"data directory {path}: not writable by {_whoami()}: "
                          "chown it to the server's user (see -u)")

@@ -192,15 +192,17 @@ def install_snapshot(lp, path: Path, snap_seq: int) -> None:
             store.close()
         raise FeedError(f"snapshot says seq {snap_seq}, its items {state.last_seq}")
     snap_dir = datadir.snap_dir(lp.data_dir)
-    snap_dir.mkdir(parents=True, exist_ok=True)
+    aof.make_dirs(snap_dir)  # durable in DATA_DIR before journal.reset deletes our segments
     written = snap_dir / datadir.snapshot_name(snap_seq)
     os.rename(path, written)
     aof.fsync_dir(snap_dir)
+    aof.fsync_dir(path.parent)  # the old name gone too: a later resync truncates that path
     if store is not None:
         store.renamed(path, written)
     for _seq, old in datadir.list_snapshots(snap_dir):
         if old != written:
             old.unlink(missing_ok=True)
+    aof.fsync_dir(snap_dir)  # a newer snapshot of ours must not come back over this one
     lp.journal.reset(snap_seq + 1)
     old_store = lp.bodies
     lp.state = state

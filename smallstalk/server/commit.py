@@ -29,6 +29,7 @@ import trio
 
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
+from smallstalk.core.state import READY
 from smallstalk.server.session import Session, deliver
 from smallstalk.storage.bodies import PUTS
 from smallstalk.storage.journal import INLINE_SYNC_RECORDS, Journal, JournalError
@@ -113,7 +114,9 @@ class GroupCommit:
         """Append a record to the AOF's buffer; the loop applies it."""
         payload = self.journal.append(rec)
         kind = type(rec)
-        if kind in NEED_NO_SYNC and not self.min_replica_acks:
+        if kind in NEED_NO_SYNC and not self.min_replica_acks \
+                and self.lp.state.jobs[rec.id].state == READY:
+            # (reserve-job out of buried or delayed: losing it would put the job back there)
             self.revealed = self.job_need(rec.id)
         else:
             self.must_sync = rec.seq

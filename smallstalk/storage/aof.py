@@ -258,6 +258,22 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def make_dirs(path: Path) -> None:
+    """`mkdir -p` that a power cut cannot undo: a directory entry is durable only
+    once its parent is fsynced, so each directory created is fsynced into its parent."""
+    missing = []
+    p = path
+    while not p.is_dir():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            pass  # made meanwhile by another process, which may not have fsynced it yet
+        fsync_dir(d.parent)
+
+
 class SegmentWriter:
     """The open segment. Not thread-safe: the loop hands it to one thread at a time."""
 

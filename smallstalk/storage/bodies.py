@@ -256,7 +256,7 @@ def spill_record(store: BodyStore, st, rec, path, body_offset: int, key_cache=No
             key = None
             if key_cache is not None:
                 key = key_cache.get(path)
-                if key is None:
+                if key not in store.files:  # (closed since, once no job referred to it)
                     key = key_cache[path] = store.key(path)
             ref = store.ref(path, body_offset, len(body), key)
         st.spill(j, ref)

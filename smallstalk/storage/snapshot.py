@@ -105,7 +105,7 @@ def write(directory: Path, last_seq: int, items: Iterable[list], index: bool = F
     `index`: also write `<seq>.bodies` (see `index_path`): for every job, its
     id and where its body's bytes are in the snapshot file.
     """
-    directory.mkdir(parents=True, exist_ok=True)
+    aof.make_dirs(directory)  # its entry in DATA_DIR durable before segments are deleted
     final = directory / snapshot_name(last_seq)
     tmp = tmp_path(final)
     entries = bytearray()

@@ -1,0 +1,158 @@
+"""Frames and segment files, byte by byte: what start-up calls a torn tail, what damage.
+
+Written to kill the mutants of storage/aof.py that `make mutation` found
+surviving: these rules decide whether start-up may cut bytes off a segment.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+
+from smallstalk.core import records as r
+from smallstalk.storage import aof
+from smallstalk.storage.aof import CorruptionError, FrameScan, SegmentWriter
+
+
+def put(seq: int, body: bytes = b"body") -> bytes:
+    return r.encode(r.Put(seq, 0, 0, seq, "default", 0, 0, 60, body))
+
+
+def segment(first: int, payloads: list[bytes]) -> bytes:
+    return aof.header(aof.SEGMENT_MAGIC, first) + b"".join(aof.frame(p) for p in payloads)
+
+
+def test_a_clean_file_reads_to_its_end() -> None:
+    data = segment(1, [put(1), put(2)])
+    got = list(aof.read_frames(data))
+    assert [type(x) for x in got] == [tuple, tuple, FrameScan]
+    assert got[0] == (aof.HEADER_SIZE, put(1))
+    assert got[1][0] == aof.HEADER_SIZE + aof.FRAME.size + len(put(1))
+    assert got[-1] == FrameScan(len(data), len(data)) and got[-1].clean
+
+
+@pytest.mark.parametrize("tail, why", [
+    (b"\x01\x02", "incomplete frame header"),
+    (b"\x00" * 12, "zero-length frame"),
+    (struct.pack("<II", 100, 0) + b"abc", "frame runs past the end of the file"),
+    (struct.pack("<II", 3, 12345) + b"abc", "checksum mismatch"),
+])
+def test_damage_is_named_where_it_starts(tail: bytes, why: str) -> None:
+    good = segment(1, [put(1)])
+    *frames, scan = aof.read_frames(good + tail)
+    assert len(frames) == 1
+    assert (scan.end, scan.size, scan.why) == (len(good), len(good) + len(tail), why)
+    assert not scan.clean
+    assert aof.frame_damage(good + tail, len(good)) == why
+
+
+def test_a_frame_of_exactly_the_remaining_bytes_is_whole() -> None:
+    data = aof.frame(b"x" * 10)
+    assert list(aof.read_frames(data, 0))[0] == (0, b"x" * 10)
+
+
+def test_a_torn_tail_has_no_later_good_frame() -> None:
+    data = segment(1, [put(1), put(2)])
+    end = len(data)
+    torn = data + aof.frame(put(3))[:-3]
+    assert aof.later_good_frame(torn, end, 2) is None
+
+
+def test_damage_followed_by_records_that_continue_the_log_is_not_a_tail() -> None:
+    good = segment(1, [put(1)])
+    rest = aof.frame(put(2)) + aof.frame(put(3))
+    damaged = good + b"\xff" * 7 + rest
+    assert aof.later_good_frame(damaged, len(good), 1) == len(good) + 7
+
+
+def test_frames_that_do_not_continue_the_sequence_are_not_the_log() -> None:
+    good = segment(1, [put(1), put(2)])
+    # a frame-shaped run inside garbage, but its seqs are at or below the last good one
+    old = aof.frame(put(1)) + aof.frame(put(2))
+    assert aof.later_good_frame(good + b"\xff" * 5 + old, len(good), 2) is None
+    # ... or with a gap between its own records (from the last one on, a run does continue)
+    gap = aof.frame(put(3)) + aof.frame(put(5))
+    at = len(good) + 5
+    assert aof.later_good_frame(good + b"\xff" * 5 + gap, len(good), 2) == \
+        at + len(aof.frame(put(3)))
+    # ... or followed by damage of its own
+    tail = aof.frame(put(3)) + b"\x00\x01"
+    assert aof.later_good_frame(good + b"\xff" * 5 + tail, len(good), 2) is None
+    # ... or not records at all
+    junk = aof.frame(b"\xff\xfe not cbor")
+    assert aof.later_good_frame(good + b"\xff" * 5 + junk, len(good), 2) is None
+
+
+def test_read_header_checks_magic_crc_and_version(tmp_path: Path) -> None:
+    p = tmp_path / "f"
+    head = aof.header(aof.SEGMENT_MAGIC, 42)
+    assert aof.read_header(p, head, aof.SEGMENT_MAGIC) == 42
+    with pytest.raises(CorruptionError, match="shorter than its header"):
+        aof.read_header(p, head[:-1], aof.SEGMENT_MAGIC)
+    with pytest.raises(CorruptionError, match="bad header"):
+        aof.read_header(p, head, aof.SNAPSHOT_MAGIC)
+    with pytest.raises(CorruptionError, match="bad header"):
+        aof.read_header(p, head[:-1] + bytes([head[-1] ^ 1]), aof.SEGMENT_MAGIC)
+    future = aof.HEADER.pack(aof.SEGMENT_MAGIC, r.FORMAT_VERSION + 1, 42)
+    with pytest.raises(CorruptionError, match="unknown format version"):
+        aof.read_header(p, future + struct.pack("<I", zlib.crc32(future)), aof.SEGMENT_MAGIC)
+
+
+def test_a_segment_writer_never_opens_an_existing_segment(tmp_path: Path) -> None:
+    old = tmp_path / aof.segment_name(7)
+    old.write_bytes(b"acknowledged records")
+    with pytest.raises(FileExistsError):
+        SegmentWriter(tmp_path, 7)
+    assert old.read_bytes() == b"acknowledged records"
+
+
+def test_a_segment_writer_writes_its_header_and_appends(tmp_path: Path) -> None:
+    seg = SegmentWriter(tmp_path, 5)
+    assert (seg.size, seg.records, seg.last_seq) == (aof.HEADER_SIZE, 0, 4)
+    seg.append(put(5), 5)
+    seg.append(put(6), 6)
+    seg.write()
+    seg.sync()
+    assert (seg.records, seg.last_seq, seg.pending) == (2, 6, bytearray())
+    seg.close()
+    data = seg.path.read_bytes()
+    assert len(data) == seg.size and os.stat(seg.path).st_mode & 0o777 == 0o644
+    assert [rec.seq for _, rec in list(aof.iter_segment(seg.path))[:-1]] == [5, 6]
+
+
+def test_cut_back_drops_what_followed(tmp_path: Path) -> None:
+    seg = SegmentWriter(tmp_path, 1)
+    seg.append(put(1), 1)
+    seg.write()
+    durable = (seg.size, seg.records, seg.last_seq)
+    seg.append(put(2), 2)
+    seg.write()
+    seg.cut_back_to(*durable)
+    assert (seg.size, seg.records, seg.last_seq) == durable
+    assert seg.path.stat().st_size == durable[0]
+    seg.append(put(2, b"again"), 2)  # the next write lands right after the durable part
+    seg.write()
+    seg.close()
+    recs = [rec for _, rec in list(aof.iter_segment(seg.path))[:-1]]
+    assert [(x.seq, x.body) for x in recs] == [(1, b"body"), (2, b"again")]
+
+
+def test_discard_pending_forgets_staged_records(tmp_path: Path) -> None:
+    seg = SegmentWriter(tmp_path, 1)
+    seg.append(put(1), 1)
+    seg.discard_pending()
+    assert (seg.pending, seg.pending_records, seg.pending_last_seq) == (bytearray(), 0, 0)
+    seg.write()
+    seg.close()
+    assert seg.path.stat().st_size == aof.HEADER_SIZE
+
+
+def test_corruption_error_names_file_offset_and_seq(tmp_path: Path) -> None:
+    e = CorruptionError(tmp_path / "x.aof", 99, 7, "checksum mismatch")
+    assert (e.offset, e.seq, e.why) == (99, 7, "checksum mismatch")
+    assert str(e) == f"{tmp_path / 'x.aof'}: checksum mismatch at offset 99 (after seq 7)"
+    assert "before any record" in str(CorruptionError(tmp_path, 0, None, "bad header"))
