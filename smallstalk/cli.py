@@ -161,6 +161,10 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
                                    compactor.retention(cfg.keep_hours, cfg.keep_bytes), lp)
             if journal is not None and cfg.fsync == FSYNC_INTERVAL:
                 nursery.start_soon(journal.run_interval_sync)
+            if cfg.http is not None:
+                from smallstalk.console import app as console  # the optional extra
+
+                await nursery.start(console.serve, lp, cfg)
     finally:
         if journal is not None:
             journal.close()
@@ -263,6 +267,13 @@ def main(argv: list[str] | None = None, listen_socket=None) -> int:
             if listen_socket is not None and not _early_socket_fits(rest, cfg):
                 listen_socket.close()
                 listen_socket = None
+            if cfg.http is not None:
+                from smallstalk.console import missing_extra
+
+                if missing_extra():
+                    print(f"smallstalk: --http needs the console extra ({missing_extra()} "
+                          "is missing): pip install 'smallstalk[console]'", file=sys.stderr)
+                    return 5
             _setup_logging(cfg.verbose)
             try:
                 trio.run(serve, cfg, listen_socket)
