@@ -456,6 +456,8 @@ _SUCCESS: dict[type, tuple[bytes, Any]] = {
     p.ListTubesWatched: (b"OK", lambda r, s: _yaml_list(_ok_body(r))),
     p.PauseTube: (b"PAUSED", None),
     p.DeleteTube: (b"DELETED", None),
+    p.ListJobs: (b"OK", lambda r, s: [int(i) for i in _yaml_list(_ok_body(r))]),
+    p.FlushTube: (b"FLUSHED", lambda r, s: _int_arg(r)),
 }
 
 
@@ -912,6 +914,17 @@ class _Core:
     def delete_tube(self, tube: str) -> _Op[None]:
         yield from self._on_every_server_that_has_it(p.DeleteTube(_check_tube(tube)))
 
+    def list_jobs(self, tube: str, state: str, after: int, count: int,
+                  server: str | None) -> _Op[list[int]]:
+        if state not in p.LIST_JOBS_STATES:
+            raise ValueError(f"state must be one of {', '.join(p.LIST_JOBS_STATES)}")
+        cmd = p.ListJobs(_check_tube(tube), state, _check_uint(after, "after"),
+                         _check_uint(count, "count"))
+        return (yield from self.one(self._one_server(server), cmd))
+
+    def flush_tube(self, tube: str, server: str | None) -> _Op[int]:
+        return (yield from self.one(self._one_server(server), p.FlushTube(_check_tube(tube))))
+
     def _on_every_server_that_has_it(self, cmd: p.Command) -> _Op[None]:
         results = [r for _, r in (yield from self._each((cmd,), 0))]
         if all(isinstance(r, NotFound) for r in results):
@@ -1170,6 +1183,16 @@ class Client:
         """Stop copying puts into the fanout tube `parent+child` (smallstalk only)."""
         self._run(self._core.delete_tube(tube))
 
+    def list_jobs(self, tube: str, state: str = "ready", after: int = 0, count: int = 100, *,
+                  server: str | None = None) -> list[int]:
+        """Ids of a tube's jobs in `state`, in hand-out order, after job `after`
+        (smallstalk only; at most 1000 per call)."""
+        return self._run(self._core.list_jobs(tube, state, after, count, server))
+
+    def flush_tube(self, tube: str, *, server: str | None = None) -> int:
+        """Delete a tube's ready, delayed and buried jobs; how many (smallstalk only)."""
+        return self._run(self._core.flush_tube(tube, server))
+
 
 # --- the trio client -------------------------------------------------------
 
@@ -1376,3 +1399,10 @@ class AsyncClient:
 
     async def delete_tube(self, tube: str) -> None:
         await self._run(self._core.delete_tube(tube))
+
+    async def list_jobs(self, tube: str, state: str = "ready", after: int = 0,
+                        count: int = 100, *, server: str | None = None) -> list[int]:
+        return await self._run(self._core.list_jobs(tube, state, after, count, server))
+
+    async def flush_tube(self, tube: str, *, server: str | None = None) -> int:
+        return await self._run(self._core.flush_tube(tube, server))

@@ -219,6 +219,38 @@ class ReloadConfig:
 
 
 @attrs.frozen(slots=True)
+class ListJobs:
+    """`list-jobs <tube> <state> <after-id> <count>`: job ids in hand-out order."""
+
+    tube: str
+    state: str  # ready, delayed, buried or reserved
+    after: int
+    count: int
+
+
+@attrs.frozen(slots=True)
+class FlushTube:
+    """`flush-tube <tube>`: delete every ready, delayed and buried job of a tube."""
+
+    tube: str
+
+
+LIST_JOBS_STATES = ("ready", "delayed", "buried", "reserved")
+LIST_JOBS_MAX = 1000  # ids per list-jobs answer; page on with after-id
+
+
+def _p_list_jobs(rest: bytes) -> Command:
+    parts = rest.split(b" ")
+    if (len(parts) != 4 or not valid_tube_name(parts[0])
+            or parts[1].decode("ascii", "replace") not in LIST_JOBS_STATES):
+        raise _Bad
+    after, _ = _read_uint(parts[2], 0, U64_MAX, True)
+    count, _ = _read_uint(parts[3], 0, U32_MAX, True)
+    return ListJobs(parts[0].decode("ascii"), parts[1].decode("ascii"), after,
+                    min(count, LIST_JOBS_MAX))
+
+
+@attrs.frozen(slots=True)
 class ErrorReply:
     """Malformed input: answer `reply` and go on with the next command.
 
@@ -234,7 +266,7 @@ Command = (
     Put | Reserve | ReserveJob | Delete | Release | Bury | Touch | Use | Watch | Ignore | Peek
     | PeekReady | PeekDelayed | PeekBuried | Kick | KickJob | StatsJob | StatsTube | Stats
     | ListTubes | ListTubeUsed | ListTubesWatched | PauseTube | Quit | Replicate | ReplicaAck
-    | PromoteReplica | DeleteTube | ConfigDump | ReloadConfig
+    | PromoteReplica | DeleteTube | ConfigDump | ReloadConfig | ListJobs | FlushTube
 )
 Event = Command | ErrorReply
 
@@ -589,6 +621,10 @@ def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHea
             return PROMOTE
         if line.startswith(b"delete-tube "):
             return DeleteTube(_tube(line[len(b"delete-tube "):]))
+        if line.startswith(b"list-jobs "):
+            return _p_list_jobs(line[len(b"list-jobs "):])
+        if line.startswith(b"flush-tube "):
+            return FlushTube(_tube(line[len(b"flush-tube "):]))
         if line == b"config":
             return CONFIG
         if line == b"reload-config":
@@ -748,6 +784,11 @@ def render(cmd: Command) -> bytes:
         return b"promote\r\n"
     if t is DeleteTube:
         return b"delete-tube %s\r\n" % cmd.tube.encode()
+    if t is ListJobs:
+        return b"list-jobs %s %s %d %d\r\n" % (cmd.tube.encode(), cmd.state.encode(),
+                                                cmd.after, cmd.count)
+    if t is FlushTube:
+        return b"flush-tube %s\r\n" % cmd.tube.encode()
     if t is ConfigDump:
         return b"config\r\n"
     if t is ReloadConfig:
