@@ -268,11 +268,11 @@ def main(argv: list[str] | None = None, listen_socket=None) -> int:
                 listen_socket.close()
                 listen_socket = None
             if cfg.http is not None:
-                from smallstalk.console import missing_extra
+                from smallstalk.console import preflight
 
-                if missing_extra():
-                    print(f"smallstalk: --http needs the console extra ({missing_extra()} "
-                          "is missing): pip install 'smallstalk[console]'", file=sys.stderr)
+                why = preflight(cfg.http)
+                if why:
+                    print(f"smallstalk: {why}", file=sys.stderr)
                     return 5
             _setup_logging(cfg.verbose)
             try:
