@@ -155,9 +155,9 @@ class SnapshotCollector:
             if h is not None:
                 yield _histogram(name, doc, h)
         if snap.feeds:
-            acked = GaugeMetricFamily("smallstalk_replica_acked_seq",
+            acked = GaugeMetricFamily("smallstalk_feed_acked_seq",
                                       "last seq a replica has on disk", labels=["session"])
-            lag = GaugeMetricFamily("smallstalk_replica_lag_records",
+            lag = GaugeMetricFamily("smallstalk_feed_lag_records",
                                     "records a replica has not acknowledged", labels=["session"])
             last = _number(stats.get("last-seq")) or 0
             for f in snap.feeds:
