@@ -17,7 +17,7 @@ from smallstalk.core.state import BURIED, DELAYED, NS, READY, RESERVED, STATE_NA
 from smallstalk.server import dispatch
 from smallstalk.server.loop import MutationLoop
 
-TUBE_CHUNK = 1000  # tubes read per loop turn
+TUBE_CHUNK = 500  # tubes read per loop turn
 PAGE_MAX = 200  # jobs or tubes per page
 STATES = {"ready": READY, "delayed": DELAYED, "buried": BURIED, "reserved": RESERVED}
 PREVIEW_BYTES = 60
@@ -103,7 +103,7 @@ def counters(lp: MutationLoop) -> dict[str, Any]:
         + c.get("cmd-reserve-job", 0),
         "delete": c.get("cmd-delete", 0),
         "tubes": ({name: st.tubes[name].total_jobs for name in st.tube_order}
-                  if len(st.tube_order) <= 20 * TUBE_CHUNK else {}),
+                  if len(st.tube_order) <= 10_000 else {}),
     }
 
 
