@@ -243,3 +243,51 @@ def test_the_broker_does_not_load_the_console_unless_asked() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          timeout=60, cwd=REPO, check=True)
     assert out.stdout.split() == ["None", "[]"]
+
+
+def synthetic_report(hours: int = 6) -> str:
+    """An analytics HTML report for many busy tubes, whose data ends mid-hour."""
+    from smallstalk.analytics import report
+
+    ns, t0 = 10**9, 1_790_000_000 * 10**9
+    end = t0 + hours * 3600 * ns + 1200 * ns  # 20 minutes into the last hour
+    tubes, series = [], {}
+    for i in range(12):
+        name = f"notifications-{i:02d}.email"
+        tubes.append({
+            "tube": name, "jobs": 12_345_678, "deleted": 12_300_000, "open": 45_678,
+            "reserves": 13_456_789, "reserved_more_than_once": 123_456, "timeouts": 98_765,
+            "releases": 87_654, "buries": 7_654, "expired": 6_543, "discarded": 5_432,
+            "wait_p50_ms": 0.0, "wait_p95_ms": 1520.0, "wait_p99_ms": 7_500_000.0,
+            "run_p50_ms": 12.4, "run_p95_ms": 65_000.0, "run_p99_ms": 600_000.0,
+            "max_ready": 1_234_567, "max_ready_at": "2026-09-21 13:00", "timeouts_rate": 0.01,
+            "releases_rate": 0.02, "buries_rate": 0.001})
+        series[name] = [
+            {"window_ns": t0 + h * 3600 * ns, "ready": 100, "delayed": 5, "reserved": 10,
+             "buried": 1, "puts": 50_000 if h < hours else 15_000, "deletes": 49_000,
+             "reserves": 50_500, "wait_p50_ms": 0.0, "wait_p95_ms": 3.0, "wait_p99_ms": 9.0,
+             "run_p50_ms": 1.0, "run_p95_ms": 2.0, "run_p99_ms": 3.0}
+            for h in range(hours + 1)]
+    servers = [{"server": "broker-1", "records": 98_765_432, "segments": 1234, "first_seq": 1,
+                "last_seq": 98_765_432, "first_ns": t0, "last_ns": end,
+                "snapshot_jobs": 0, "restarts": 3, "missing": 0}]
+    return report.html_report({"tubes": tubes, "servers": servers}, series, "hour")
+
+
+def test_the_analytics_report_fits_1400_pixels(console, browser) -> None:
+    srv, url = console
+    reports = srv.data_dir / "reports"
+    reports.mkdir(exist_ok=True)
+    (reports / "latest.html").write_text(synthetic_report())
+    browser.get(url + "/")
+    browser.find_element(By.LINK_TEXT, "Report").click()
+    assert browser.title == "smallstalk job analytics"
+    widths = browser.execute_script(
+        "const t = document.querySelector('.wide table');"
+        "return [document.documentElement.scrollWidth, window.innerWidth,"
+        "        t.scrollWidth, t.parentElement.clientWidth];")
+    assert widths[0] <= widths[1] <= 1400, widths  # the page does not scroll sideways
+    assert widths[2] <= widths[3], widths  # and the tubes table fits without its scroll bar
+    cells = [td.text for td in browser.find_elements(By.CSS_SELECTOR, ".wide tbody tr td")]
+    assert "0ms" in cells  # a zero wait p50 keeps its unit
+    assert "the last hour, which the data ends inside, is left out" in browser.page_source
