@@ -6,31 +6,34 @@ STAMP := $(VENV)/.installed
 FULL := $(VENV)/.installed-analytics
 DATA ?= data
 PORT ?= 11300
+HTTP_PORT ?= 11380
 
 .PHONY: run test lint bench fixtures clean system-packages
 
 # Debian packages the tests use: the real beanstalkd to compare with, Java for
-# Spark, Node for the JavaScript clients' own test suites.
+# Spark, Node for the JavaScript clients' own test suites, Chromium for the console.
 system-packages:
 	@missing=""; \
 	command -v beanstalkd >/dev/null || missing="$$missing beanstalkd"; \
 	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
 	command -v npm >/dev/null || missing="$$missing nodejs npm"; \
+	command -v chromedriver >/dev/null || missing="$$missing chromium chromium-driver"; \
 	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing; fi
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,console]'
 	touch $(STAMP)
 
 # PySpark is big and only the pipeline needs it: `make run` does without.
 $(FULL): $(STAMP)
-	$(BIN)/pip install -q -e '.[test,analytics]'
+	$(BIN)/pip install -q -e '.[test,console,analytics]'
 	touch $(FULL)
 
 run: $(STAMP)
-	$(BIN)/smallstalk serve -l 127.0.0.1 -p $(PORT) --data-dir $(DATA)
+	@echo "console: http://127.0.0.1:$(HTTP_PORT)/ (metrics at /metrics)"
+	$(BIN)/smallstalk serve -l 127.0.0.1 -p $(PORT) --data-dir $(DATA) --http 127.0.0.1:$(HTTP_PORT)
 
 test: $(FULL) system-packages
 	$(BIN)/ruff check smallstalk tests
