@@ -291,3 +291,53 @@ def test_the_analytics_report_fits_1400_pixels(console, browser) -> None:
     cells = [td.text for td in browser.find_elements(By.CSS_SELECTOR, ".wide tbody tr td")]
     assert "0ms" in cells  # a zero wait p50 keeps its unit
     assert "the last hour, which the data ends inside, is left out" in browser.page_source
+
+
+def test_list_jobs_and_flush_tube_in_smallstalk_client(console) -> None:
+    from smallstalk.client import Client, NotFound
+
+    srv, _url = console
+    with Client(f"127.0.0.1:{srv.port}") as c:
+        c.use("listed")
+        ids = [c.put(f"l{i}", priority=pri).id for i, pri in enumerate((9, 1, 5, 1))]
+        assert c.list_jobs("listed") == [ids[1], ids[3], ids[2], ids[0]]
+        assert c.list_jobs("listed", after=ids[3], count=1) == [ids[2]]
+        assert c.list_jobs("listed", "buried") == []
+        c.bury(c.reserve(timeout=5, tubes=["listed"]))
+        assert c.list_jobs("listed", "buried") == [ids[1]]
+        assert c.flush_tube("listed") == 4
+        assert c.list_jobs("listed") == []
+        with pytest.raises(NotFound):
+            c.flush_tube("no-such-tube")
+        with pytest.raises(ValueError):
+            c.list_jobs("listed", "waiting")
+
+
+def test_a_replicas_console(tmp_path, console) -> None:
+    primary, _ = console
+    http = free_port()
+    replica = start_smallstalk(tmp_path, "--replica-of", f"127.0.0.1:{primary.port}",
+                               "--http", f"127.0.0.1:{http}", data_dir=tmp_path / "replica")
+    try:
+        wait_for_log(replica.log_path, "console on http://", replica.proc)
+        url = f"http://127.0.0.1:{http}"
+
+        def page(path: str) -> str:
+            return urllib.request.urlopen(url + path, timeout=30).read().decode()
+
+        wait_for(lambda: "<td>connected</td>" in page("/replication"), 30, "the replica to connect")
+        fams = {f.name: f for f in prom_parser.text_string_to_metric_families(page("/metrics"))}
+        assert fams["smallstalk_info"].samples[0].labels["role"] == "replica"
+        assert fams["smallstalk_replication_connected"].samples[0].value == 1
+        # A change from the replica's console is answered READ_ONLY, like a client's.
+        with urllib.request.urlopen(url + "/tube/default", timeout=30) as r:
+            cookie = r.headers["Set-Cookie"].split(";")[0]
+            token = cookie.split("=", 1)[1]
+        req = urllib.request.Request(
+            url + "/do/pause/default", data=urllib.parse.urlencode(
+                {"csrf": token, "seconds": "5"}).encode(), headers={"Cookie": cookie})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            status, body = r.status, r.read().decode()
+        assert status == 200 and "READ_ONLY" in body
+    finally:
+        replica.stop()
