@@ -102,6 +102,15 @@ def test_every_page_opens(console, browser) -> None:
     browser.get(url + "/")
     assert text(browser, "#role") == "primary"
     assert int(text(browser, "#jobs-buried")) >= 1
+    with client(srv) as c:  # beanstalkd's names may hold '/', ';', '$', '(' and ')'
+        c.use("jobs/out;v2$(x)")
+        c.put("odd name")
+    browser.get(url + "/tubes?q=jobs/")
+    browser.find_element(By.LINK_TEXT, "jobs/out;v2$(x)").click()
+    assert browser.find_element(By.TAG_NAME, "h1").text == "Tube jobs/out;v2$(x)"
+    assert text(browser, "#count-ready") == "1"
+    browser.get(url + "/travel?seq=abc")
+    assert text(browser, "#travel-error") == "seq must be a whole number, not 'abc'"
 
 
 def test_kick_a_buried_job_with_the_button(console, browser) -> None:

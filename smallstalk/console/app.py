@@ -240,7 +240,10 @@ def routes(c: Console) -> list:
         at = q.get("at", "").strip()
         filters = {k: q.get(k, "").strip() for k in ("op", "tube", "job", "conn")}
         result = None
-        if seq or at:
+        bad = tools.check_travel(seq, filters)
+        if bad:
+            result = {"error": bad, "state": None}
+        elif seq or at:
             result = await tools.travel(c.tools, c.data_dir, seq, at, filters)
         return c.page(request, "travel.html", seq=seq, at=at, filters=filters, result=result,
                       ops=tools.OPS)
@@ -294,11 +297,11 @@ def routes(c: Console) -> list:
         return c.page(request, "login.html")
 
     return [
-        Route("/", overview), Route("/tubes", tubes), Route("/tube/{name:str}", tube),
+        Route("/", overview), Route("/tubes", tubes), Route("/tube/{name:path}", tube),
         Route("/job/{id:int}", job), Route("/travel", travel),
         Route("/replication", replication), Route("/metrics", metrics),
         Route("/report", report), Route("/login", login, methods=["GET", "POST"]),
-        Route("/do/{what:str}/{target:str}", action, methods=["POST"]),
+        Route("/do/{what:str}/{target:path}", action, methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
 

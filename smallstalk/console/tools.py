@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from smallstalk.core import records
+from smallstalk.core.protocol import valid_tube_name
 
 TIMEOUT = 20.0
 MAX_LINES = 2000
@@ -80,6 +81,20 @@ async def travel(limiter: trio.CapacityLimiter, data_dir, seq: str, at: str, fil
             rec.pop("body", None)  # base64 of the whole body: the job page shows bodies
     return {"state": head, "tubes": tubes, "error": err, "records": dump,
             "records_error": dump_err}
+
+
+def check_travel(seq: str, filters: dict[str, str]) -> str | None:
+    """What is wrong with a time-travel query, in one line, or None."""
+    for name, value in (("seq", seq), ("job", filters.get("job", "")),
+                        ("conn", filters.get("conn", ""))):
+        if value and not value.isdigit():
+            return f"{name} must be a whole number, not {value!r}"
+    if filters.get("op") and filters["op"] not in OPS:
+        return f"unknown op {filters['op']!r}"
+    tube = filters.get("tube", "")
+    if tube and not valid_tube_name(tube.encode("utf-8", "replace")):
+        return f"{tube!r} is not a tube name"
+    return None
 
 
 def fmt_time(ns: int | None) -> str:
