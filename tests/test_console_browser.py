@@ -350,3 +350,33 @@ def test_a_replicas_console(tmp_path, console) -> None:
         assert status == 200 and "READ_ONLY" in body
     finally:
         replica.stop()
+
+
+def test_a_worker_task_body_is_decoded(console, browser) -> None:
+    from smallstalk.worker import encode_call
+
+    srv, url = console
+    with client(srv) as c:
+        c.use("tasks")
+        jid = c.put(encode_call("mail.send_welcome", ["ada@example.org"], {"retry": True}))
+    browser.get(url + f"/job/{jid}")
+    browser.find_element(By.LINK_TEXT, "task").click()
+    cells = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#body td")]
+    assert cells == ["mail.send_welcome", "['ada@example.org']", "{'retry': True}"]
+
+
+def test_travel_says_when_the_history_was_compacted_away(tmp_path, browser) -> None:
+    http = free_port()
+    srv = start_smallstalk(tmp_path, "--http", f"127.0.0.1:{http}", "--segment-records", "5",
+                           "--compact-segments", "1", data_dir=tmp_path / "data")
+    try:
+        wait_for_log(srv.log_path, "console on http://", srv.proc)
+        with client(srv) as c:
+            for i in range(30):
+                c.put(f"c{i}")
+        wait_for(lambda: "compacted" in srv.log(), 60, "a compaction")
+        browser.get(f"http://127.0.0.1:{http}/travel?seq=3")
+        assert "no longer in the log" in text(browser, "#travel-error")
+        assert not browser.find_elements(By.ID, "travel-tubes")
+    finally:
+        srv.stop()
