@@ -81,6 +81,9 @@ def _drop_privileges(user: str) -> None:
 
 async def serve(cfg: ServeConfig, listen_socket=None) -> None:
     """Run the server; `listen_socket` is one launch.py already bound."""
+    console = None
+    if cfg.http is not None:  # the optional extra, imported before clients are served
+        from smallstalk.console import app as console
     journal = None
     if cfg.data_dir is not None:
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
@@ -161,9 +164,7 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
                                    compactor.retention(cfg.keep_hours, cfg.keep_bytes), lp)
             if journal is not None and cfg.fsync == FSYNC_INTERVAL:
                 nursery.start_soon(journal.run_interval_sync)
-            if cfg.http is not None:
-                from smallstalk.console import app as console  # the optional extra
-
+            if console is not None:
                 await nursery.start(console.serve, lp, cfg)
     finally:
         if journal is not None:
