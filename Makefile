@@ -7,18 +7,19 @@ STAMP := $(VENV)/.installed
 FULL := $(VENV)/.installed-analytics
 DATA ?= data
 PORT ?= 11300
+HTTP_PORT ?= 11380
 
 .PHONY: run test test-fast lint bench fixtures clean system-packages fuse-packages mutation
 
 # Debian packages the tests use: the real beanstalkd to compare with, Java for
-# Spark, Node for the JavaScript clients' own test suites (README: "What make
+# Spark, Node for the JavaScript clients' own test suites, Chromium for the console (README: "What make
 # test installs"). The host is left as it was: while apt installs, a
 # policy-rc.d forbids starting services, so Debian's beanstalkd.service and
 # beanstalkd.socket (127.0.0.1:11300, `make run`'s address) do not start;
 # under systemd they are also disabled. Only packages that were missing are
 # touched.
 # NEEDS picks the commands (`make bench` needs only beanstalkd).
-NEEDS ?= beanstalkd java npm
+NEEDS ?= beanstalkd java npm chromium
 system-packages:
 	@missing=""; needs=" $(NEEDS) "; \
 	case "$$needs" in *" beanstalkd "*) \
@@ -27,6 +28,8 @@ system-packages:
 	  command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless";; esac; \
 	case "$$needs" in *" npm "*) \
 	  command -v npm >/dev/null || missing="$$missing nodejs npm";; esac; \
+	case "$$needs" in *" chromium "*) \
+	  command -v chromedriver >/dev/null || missing="$$missing chromium chromium-driver";; esac; \
 	[ -z "$$missing" ] && exit 0; \
 	policy=""; \
 	if [ ! -e /usr/sbin/policy-rc.d ]; then \
@@ -54,16 +57,17 @@ fuse-packages:
 $(STAMP): pyproject.toml | fuse-packages
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,console]'
 	touch $(STAMP)
 
 # PySpark is big and only the pipeline needs it: `make run` does without.
 $(FULL): $(STAMP)
-	$(BIN)/pip install -q -e '.[test,analytics]'
+	$(BIN)/pip install -q -e '.[test,console,analytics]'
 	touch $(FULL)
 
 run: $(STAMP)
-	$(BIN)/smallstalk serve -l 127.0.0.1 -p $(PORT) --data-dir $(DATA)
+	@echo "console: http://127.0.0.1:$(HTTP_PORT)/ (metrics at /metrics)"
+	$(BIN)/smallstalk serve -l 127.0.0.1 -p $(PORT) --data-dir $(DATA) --http 127.0.0.1:$(HTTP_PORT)
 
 test: $(FULL) system-packages
 	$(BIN)/ruff check smallstalk tests

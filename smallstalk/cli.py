@@ -125,6 +125,9 @@ def _whoami() -> str:
 
 async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
     """Run the server on `sockets`, bound already: nothing is written before they are."""
+    console = None
+    if cfg.http is not None:  # the optional extra, imported before clients are served
+        from smallstalk.console import app as console
     journal = None
     lock = None
     if cfg.data_dir is not None:
@@ -207,6 +210,8 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
                                    compactor.retention(cfg.keep_hours, cfg.keep_bytes), lp)
             if journal is not None and cfg.fsync == FSYNC_INTERVAL:
                 nursery.start_soon(journal.run_interval_sync)
+            if console is not None:
+                await nursery.start(console.serve, lp, cfg)
             listen.notify("READY=1")  # systemd's Type=notify: recovered, serving
     finally:
         if journal is not None:
@@ -333,6 +338,13 @@ def serve_command(argv: list[str], early: list[socket.socket] | None = None) -> 
         return 0
     if (cfg.replica_of or cfg.min_replica_acks) and cfg.data_dir is None:
         raise UsageError("replication needs a data directory (-b DIR or --data-dir DIR)")
+    if cfg.http is not None:
+        from smallstalk.console import preflight
+
+        why = preflight(cfg.http)
+        if why:
+            print(f"smallstalk: {why}", file=sys.stderr)
+            return 5
     _setup_logging(cfg.verbose)
     try:
         sockets = _listen_sockets(argv, cfg, early)

@@ -78,6 +78,9 @@ Replication (needs a data directory; see the README):
                          (default 0: asynchronous)
  --replica-ack-timeout S how long to wait for those acks before answering
                          NOT_REPLICATED (default 5)
+
+Operator console (needs the extra: pip install smallstalk[console]):
+ --http ADDR:PORT        serve /metrics and the web console there (default: off)
 """
 
 class UsageError(Exception):
@@ -105,6 +108,7 @@ class ServeConfig:
     user: str | None = None
     verbose: int = 0
     max_memory: int = 0  # job-body bytes kept in memory, all tubes together; 0 = unlimited
+    http: tuple[str, int] | None = None  # --http ADDR:PORT: metrics and the web console
     config_path: Path | None = None  # --config FILE (absolute), reread on SIGHUP
     policies: Policies = attrs.Factory(Policies)  # the file's tube tables
     # The file's [server] settings as read at start ({TOML key: value}), to
@@ -133,7 +137,7 @@ LONG_OPTIONS = {
     "--data-dir", "--fsync", "--fsync-interval", "--segment-records", "--segment-bytes",
     "--compact-interval", "--compact-segments", "--keep-segments-hours",
     "--keep-segments-bytes", "--replica-of", "--min-replica-acks", "--replica-ack-timeout",
-    "--listen", "--port", "--max-job-size", "--max-memory", "--config",
+    "--listen", "--port", "--max-job-size", "--max-memory", "--config", "--http",
 }
 
 FSYNC_MODES = {"always": FSYNC_ALWAYS, "everysec": FSYNC_INTERVAL, "never": FSYNC_NEVER}
@@ -266,6 +270,10 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
         cfg.port = _port_flag(value, name)
     elif name == "--max-job-size":
         cfg.max_job_size = min(_int(value, name), protocol.MAX_JOB_SIZE_LIMIT)
+    elif name == "--http":
+        cfg.http = _host_port(value)
+        if cfg.http is None:
+            raise UsageError("--http takes ADDR:PORT (e.g. 127.0.0.1:11380)")
     elif name == "--max-memory":
         try:
             cfg.max_memory = parse_size(value, name)
@@ -367,6 +375,7 @@ SERVER_KEYS: dict[str, tuple[str, Callable[[object, str], Any]]] = {
     "min-replica-acks": ("min_replica_acks", _count),
     "replica-ack-timeout": ("replica_ack_timeout", _seconds),
     "max-memory": ("max_memory", parse_size),
+    "http": ("http", _replica_of),
 }
 
 def server_settings(doc: Mapping[str, Any], path: Path) -> dict[str, Any]:

@@ -255,3 +255,10 @@ class AsyncClient:
 
     async def delete_tube(self, tube: str) -> None:
         await self._run(self._core.delete_tube(tube))
+
+    async def list_jobs(self, tube: str, state: str = "ready", after: int = 0,
+                        count: int = 100, *, server: str | None = None) -> list[int]:
+        return await self._run(self._core.list_jobs(tube, state, after, count, server))
+
+    async def flush_tube(self, tube: str, *, server: str | None = None) -> int:
+        return await self._run(self._core.flush_tube(tube, server))

@@ -438,6 +438,17 @@ class _Core:
     def delete_tube(self, tube: str) -> _Op[None]:
         yield from self._on_every_server_that_has_it(p.DeleteTube(_check_tube(tube)))
 
+    def list_jobs(self, tube: str, state: str, after: int, count: int,
+                  server: str | None) -> _Op[list[int]]:
+        if state not in p.LIST_JOBS_STATES:
+            raise ValueError(f"state must be one of {', '.join(p.LIST_JOBS_STATES)}")
+        cmd = p.ListJobs(_check_tube(tube), state, _check_uint(after, "after", p.U64_MAX),
+                         _check_uint(count, "count"))
+        return (yield from self.one(self._one_server(server), cmd))
+
+    def flush_tube(self, tube: str, server: str | None) -> _Op[int]:
+        return (yield from self.one(self._one_server(server), p.FlushTube(_check_tube(tube))))
+
     def _on_every_server_that_has_it(self, cmd: p.Command) -> _Op[None]:
         results = [r for _, r in (yield from self._each((cmd,), 0))]
         if all(isinstance(r, NotFound) for r in results):

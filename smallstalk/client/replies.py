@@ -311,6 +311,8 @@ _SUCCESS: dict[type, tuple[bytes, Any]] = {
     p.PauseTube: (word_of(p.PAUSED), None),
     p.DeleteTube: (word_of(p.DELETED), None),
     p.Auth: (_OK, None),
+    p.ListJobs: (_OK, lambda r, s: [int(i) for i in _yaml_list(_ok_body(r))]),
+    p.FlushTube: (word_of(p.flushed(0)), lambda r, s: _int_arg(r)),
 }
 
 

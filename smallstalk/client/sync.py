@@ -293,5 +293,15 @@ class Client:
         """Stop copying puts into the fanout tube `parent+child` (smallstalk only)."""
         self._run(self._core.delete_tube(tube))
 
+    def list_jobs(self, tube: str, state: str = "ready", after: int = 0, count: int = 100, *,
+                  server: str | None = None) -> list[int]:
+        """Ids of a tube's jobs in `state`, in hand-out order, after job `after`
+        (smallstalk only; at most 1000 per call)."""
+        return self._run(self._core.list_jobs(tube, state, after, count, server))
+
+    def flush_tube(self, tube: str, *, server: str | None = None) -> int:
+        """Delete a tube's ready, delayed and buried jobs; how many (smallstalk only)."""
+        return self._run(self._core.flush_tube(tube, server))
+
 
 # --- the trio client -------------------------------------------------------

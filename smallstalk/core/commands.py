@@ -181,6 +181,27 @@ class ReloadConfig:
 
 
 @attrs.frozen(slots=True)
+class ListJobs:
+    """`list-jobs <tube> <state> <after-id> <count>`: job ids in hand-out order."""
+
+    tube: str
+    state: str  # ready, delayed, buried or reserved
+    after: int
+    count: int
+
+
+@attrs.frozen(slots=True)
+class FlushTube:
+    """`flush-tube <tube>`: delete every ready, delayed and buried job of a tube."""
+
+    tube: str
+
+
+LIST_JOBS_STATES = ("ready", "delayed", "buried", "reserved")
+LIST_JOBS_MAX = 1000  # ids per list-jobs answer; page on with after-id
+
+
+@attrs.frozen(slots=True)
 class Auth:
     """`auth <token>`: authenticate this connection for the admin commands."""
 
@@ -203,7 +224,7 @@ Command = (
     Put | Reserve | ReserveJob | Delete | Release | Bury | Touch | Use | Watch | Ignore | Peek
     | PeekReady | PeekDelayed | PeekBuried | Kick | KickJob | StatsJob | StatsTube | Stats
     | ListTubes | ListTubeUsed | ListTubesWatched | PauseTube | Quit | Replicate | ReplicaAck
-    | PromoteReplica | DeleteTube | ConfigDump | ReloadConfig | Auth
+    | PromoteReplica | DeleteTube | ConfigDump | ReloadConfig | Auth | ListJobs | FlushTube
 )
 Event = Command | ErrorReply
 
@@ -240,6 +261,11 @@ def render(cmd: Command) -> bytes:
         return b"replica-ack %d\r\n" % cmd.seq
     if t is PromoteReplica:
         return b"promote\r\n"
+    if t is ListJobs:
+        return b"list-jobs %s %s %d %d\r\n" % (cmd.tube.encode(), cmd.state.encode(),
+                                                cmd.after, cmd.count)
+    if t is FlushTube:
+        return b"flush-tube %s\r\n" % cmd.tube.encode()
     if t is DeleteTube:
         return b"delete-tube %s\r\n" % cmd.tube.encode()
     if t is ConfigDump:

@@ -33,6 +33,8 @@ import attrs
 
 from smallstalk.core.commands import (
     CONFIG,
+    LIST_JOBS_MAX,
+    LIST_JOBS_STATES,
     LIST_TUBE_USED,
     LIST_TUBES,
     LIST_TUBES_WATCHED,
@@ -50,9 +52,11 @@ from smallstalk.core.commands import (
     DeleteTube,
     ErrorReply,
     Event,
+    FlushTube,
     Ignore,
     Kick,
     KickJob,
+    ListJobs,
     PauseTube,
     Peek,
     Put,
@@ -139,6 +143,17 @@ def _strtoul_u32(text: bytes) -> int:
     if neg:
         value = (-value) % 2**64
     return value & U32_MAX
+
+
+def _p_list_jobs(rest: bytes) -> Command:
+    parts = rest.split(b" ")
+    if (len(parts) != 4 or not valid_tube_name(parts[0])
+            or parts[1].decode("ascii", "replace") not in LIST_JOBS_STATES):
+        raise _Bad
+    after, _ = _read_uint(parts[2], 0, U64_MAX, True)
+    count, _ = _read_uint(parts[3], 0, U32_MAX, True)
+    return ListJobs(parts[0].decode("ascii"), parts[1].decode("ascii"), after,
+                    min(count, LIST_JOBS_MAX))
 
 
 def _tube(rest: bytes) -> str:
@@ -344,6 +359,10 @@ def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHea
             return PROMOTE
         if line.startswith(b"delete-tube "):
             return DeleteTube(_tube(line[len(b"delete-tube "):]))
+        if line.startswith(b"list-jobs "):
+            return _p_list_jobs(line[len(b"list-jobs "):])
+        if line.startswith(b"flush-tube "):
+            return FlushTube(_tube(line[len(b"flush-tube "):]))
         if line == b"config":
             return CONFIG
         if line == b"reload-config":

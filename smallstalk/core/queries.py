@@ -25,6 +25,32 @@ from smallstalk.core.model import (
 )
 
 
+def _heap_walk(heap: list, cursor, count: int, live) -> list:
+    """Up to `count` live entries of a heap greater than `cursor`, ascending,
+    visiting only the entries before them (best-first over the heap's tree)."""
+    out: list = []
+    frontier = [(heap[0], 0)] if heap else []
+    n = len(heap)
+    while frontier and len(out) < count:
+        entry, i = heapq.heappop(frontier)
+        if entry > cursor and live(entry):
+            out.append(entry)
+        for child in (2 * i + 1, 2 * i + 2):
+            if child < n:
+                heapq.heappush(frontier, (heap[child], child))
+    return out
+
+
+def _job_key(j: Job | None, state: int, jid: int) -> tuple:
+    if not jid:
+        return (-1,)
+    return (j.deadline if j is not None and j.state == state else 0, jid)
+
+
+def _after_key(keys: list[tuple], cursor: tuple, count: int) -> list[int]:
+    return [k[1] for k in keys if k > cursor][:count]
+
+
 class Queries:
     """Mixed into State: reads the fields `Moves.__init__` sets."""
 
@@ -187,6 +213,54 @@ class Queries:
             out.append(jid)
             nbytes -= body_len(j.body)
         return out
+
+    def list_jobs(self, tube: str, state: int, after: int, count: int) -> list[int]:
+        """Up to `count` ids of a tube's jobs in `state`, in the order they would
+        be handed out (ready: pri then id; delayed: deadline; buried: FIFO;
+        reserved: TTR deadline), after job `after` (0: from the start).
+
+        Costs about the jobs listed and skipped, not the tube's size, for ready
+        and delayed jobs: the heaps are walked best-first. A job `after` that
+        has left the state is placed by its id (and the lowest key).
+        """
+        t = self.tubes.get(tube)
+        if t is None or count <= 0:
+            return []
+        jobs = self.jobs
+        if state == BURIED:
+            ids = iter(t.buried)
+            if after and after in t.buried:
+                for jid in ids:
+                    if jid == after:
+                        break
+            elif after:
+                ids = (jid for jid in t.buried if jid > after)
+            return [jid for _, jid in zip(range(count), ids, strict=False)]
+        if state == RESERVED:
+            held = sorted((j.deadline, j.id) for c in self.conns.values() for jid in c.reserved
+                          if (j := jobs[jid]).tube is t)
+            return _after_key(held, _job_key(jobs.get(after), RESERVED, after), count)
+        if state == READY:
+            a = jobs.get(after)
+            cursor = ((a.pri if a is not None and a.state == READY else 0) << 96
+                      | after << 32 | M32) if after else -1
+
+            def live(key: int) -> bool:
+                j = jobs.get((key >> 32) & M64)
+                return j is not None and j.state == READY and (j.gen & M32) == key & M32
+
+            return [(k >> 32) & M64 for k in _heap_walk(t.ready, cursor, count, live)]
+        if state == DELAYED:
+            a = jobs.get(after)
+            dl = a.deadline if a is not None and a.state == DELAYED else 0
+            cursor = (dl, after, float("inf")) if after else (-1,)
+
+            def live_d(e: tuple) -> bool:
+                j = jobs.get(e[1])
+                return j is not None and j.state == DELAYED and j.gen == e[2]
+
+            return [e[1] for e in _heap_walk(t.delayed, cursor, count, live_d)]
+        return []
 
     def is_fanout_tube(self, tube: str) -> bool:
         """Is `tube` registered as a fanout tube (getting copies of its parent's puts)?"""

@@ -105,6 +105,10 @@ def yaml_dict(pairs: Iterable[tuple[str, object]]) -> bytes:
 # smallstalk's own replies with arguments.
 
 
+def flushed(count: int) -> bytes:
+    return b"FLUSHED %d\r\n" % count
+
+
 def promoted(epoch: int) -> bytes:
     return b"%s %d\r\n" % (PROMOTED_WORD, epoch)
 

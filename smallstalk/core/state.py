@@ -80,7 +80,7 @@ class State(Moves, Queries):
             r.Ignore: self._ignore, r.PauseTube: self._pause, r.Disconnect: self._disconnect,
             r.Promote: self._promote, r.Timeout: self._timeout, r.Restart: self._restart,
             r.NewEpoch: self._new_epoch, r.PutJobs: self._put_jobs, r.Expire: self._expire,
-            r.DeleteTube: self._delete_tube,
+            r.DeleteTube: self._delete_tube, r.FlushTube: self._flush_tube,
             r.Connect: self._connect, r.WaitStart: self._wait_start, r.WaitStop: self._wait_stop,
         }
 
@@ -212,6 +212,17 @@ class State(Moves, Queries):
         children.remove(rec.tube)
         if not children:
             del self.fanout[parent]
+
+    def _flush_tube(self, rec: r.FlushTube) -> None:
+        self._conn(rec.conn)
+        tube = self.tubes.get(rec.tube)
+        for jid in rec.ids:
+            j = self._job(jid)
+            if j.tube is not tube or j.state == RESERVED:
+                raise StateError(f"job {jid} is not an unreserved job of tube {rec.tube!r}")
+            self._remove(j)
+        if tube is not None:
+            self._maybe_drop(tube)
 
     def _reserve(self, rec: r.Reserve) -> None:
         j = self._job(rec.id)

@@ -162,6 +162,14 @@ class _JobTracker:
             for i, to, expires in rec.moves:
                 if i == jid:
                     self._expire(rec, to, expires)
+        elif t is r.FlushTube:
+            if jid in rec.ids:
+                others = len(rec.ids) - 1
+                with_others = f" (with {plural(others, 'other job')})" if others else ""
+                self.step(rec, "flush", "deleted",
+                          f"deleted by conn {rec.conn}'s flush-tube {rec.tube}{with_others}",
+                          rec.conn)
+                self.h.alive = False
         elif t is r.Disconnect:
             if self.state == "reserved" and rec.conn == self.holder:
                 held = self.end_reservation(rec, "ended by disconnect")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from smallstalk import __version__
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
-from smallstalk.core.state import BURIED, DELAYED, NS, RESERVED, State, body_len
+from smallstalk.core.state import BURIED, DELAYED, NS, READY, RESERVED, State, body_len
 from smallstalk.core.stats import job_stats, tube_stats
 from smallstalk.server.policy import TubePolicy, render
 
@@ -320,6 +320,27 @@ def delete_tube(lp: MutationLoop, s: Session, cmd: p.DeleteTube):
     return p.DELETED
 
 
+_LIST_STATES = {"ready": READY, "delayed": DELAYED, "buried": BURIED, "reserved": RESERVED}
+
+
+def list_jobs(lp: MutationLoop, s: Session, cmd: p.ListJobs):
+    lp.count("cmd-list-jobs")
+    ids = lp.state.list_jobs(cmd.tube, _LIST_STATES[cmd.state], cmd.after, cmd.count)
+    return p.yaml_list(map(str, ids))
+
+
+def flush_tube(lp: MutationLoop, s: Session, cmd: p.FlushTube):
+    lp.count("cmd-flush-tube")
+    st = lp.state
+    if cmd.tube not in st.tubes:
+        return p.NOT_FOUND
+    ids = [jid for state in (READY, DELAYED, BURIED)
+           for jid in st.list_jobs(cmd.tube, state, 0, len(st.jobs))]
+    if ids:
+        lp.log(r.FlushTube, s.id, cmd.tube, sorted(ids))
+    return p.flushed(len(ids))
+
+
 def config(lp: MutationLoop, s: Session, cmd: p.ConfigDump):
     lp.count("cmd-config")
     body = render(lp.policies.dump(list(lp.state.tube_order)))
@@ -355,14 +376,19 @@ HANDLERS = {
     p.ListTubeUsed: list_tube_used, p.ListTubesWatched: list_tubes_watched,
     p.PauseTube: pause_tube, p.Quit: quit_, p.ErrorReply: error, p.Replicate: replicate,
     p.ReplicaAck: replica_ack, p.PromoteReplica: promote, p.DeleteTube: delete_tube,
-    p.ConfigDump: config, p.ReloadConfig: reload_config,
+    p.ConfigDump: config, p.ReloadConfig: reload_config, p.ListJobs: list_jobs,
+    p.FlushTube: flush_tube,
 }
 
 # Refused on a replica (READ_ONLY): they change the queue or need a record.
 MUTATING = frozenset({
     p.Put, p.Reserve, p.ReserveJob, p.Delete, p.Release, p.Bury, p.Touch, p.Kick,
-    p.KickJob, p.PauseTube, p.Watch, p.Ignore, p.DeleteTube,
+    p.KickJob, p.PauseTube, p.Watch, p.Ignore, p.DeleteTube, p.FlushTube,
 })
+
+# Commands that will need the admin token once one is configured (the
+# security work reads this set); the console's writes use them too.
+ADMIN = frozenset({p.FlushTube})
 
 STATS_COUNTERS = (
     "cmd-put", "cmd-peek", "cmd-peek-ready", "cmd-peek-delayed", "cmd-peek-buried",

@@ -255,8 +255,12 @@ async def run(journal, data_dir: Path, interval: float, max_closed: int = 4,
                 moved = await remap(lp, snap, fixed)
             except Exception:  # the fds stay open: bodies stay readable, disk space is not freed
                 log.exception("could not move spilled bodies to %s", snap.name)
-        log.info("compacted %d segments into %s in %.2fs%s", removed, snap.name,
-                 time.monotonic() - started,
+        took = time.monotonic() - started
+        metrics = getattr(journal, "metrics", None)
+        if metrics is not None:
+            metrics.last_compaction = (time.time(), took)
+            metrics.compactions += 1
+        log.info("compacted %d segments into %s in %.2fs%s", removed, snap.name, took,
                  f"; {moved} spilled bodies now read from it" if moved else "")
 
 

@@ -50,6 +50,7 @@ commands = st.one_of(
     st.builds(lambda t: b"watch %s\r\n" % t.encode(), st.sampled_from(TUBES)),
     st.builds(lambda t: b"ignore %s\r\n" % t.encode(), st.sampled_from(TUBES)),
     st.builds(lambda t: b"pause-tube %s 2\r\n" % t.encode(), st.sampled_from(TUBES)),
+    st.builds(lambda t: b"flush-tube %s\r\n" % t.encode(), st.sampled_from(TUBES)),
 )
 steps = st.lists(
     st.one_of(
