@@ -31,7 +31,7 @@ def parse_allow(cidrs: Iterable[str]) -> tuple[Network, ...]:
         try:
             out.append(ipaddress.ip_network(text.strip(), strict=False))
         except ValueError:
-            raise ValueError(f"--admin-allow: not an address or CIDR: {text!r}") from None
+            raise ValueError(f"not an address or CIDR: {text!r}") from None
     return tuple(out)
 
 
