@@ -101,6 +101,10 @@ class Client:
     def stats(self) -> dict[str, str]:
         return self.call(b"stats\r\n").yaml()
 
+    def ext_stats(self) -> dict[str, str]:
+        """smallstalk's own server statistics (`ext-stats`)."""
+        return self.call(b"ext-stats\r\n").yaml()
+
     def stats_job(self, job_id: int) -> dict[str, str] | None:
         r = self.call(b"stats-job %d\r\n" % job_id)
         return None if r.status == b"NOT_FOUND" else r.yaml()
