@@ -121,16 +121,16 @@ class Follower:
         stream = await trio.open_tcp_stream(self.host, self.port)
         async with stream:
             epoch, history = lp.state.epoch
-            hello = p.render(p.Replicate(epoch, history, lp.state.last_seq))
-            if self.token is not None:
-                hello = p.render(p.Auth(self.token)) + hello
-            await stream.send_all(hello)
             reader = FrameReader(stream)
             if self.token is not None:
+                # Answered before `replicate` is sent: a feed owns its connection
+                # from its first line on, so no reply may be pending behind it.
+                await stream.send_all(p.render(p.Auth(self.token)))
                 line = await reader.line()
-                if line != p.OK.rstrip(b"\r\n"):
+                if line + b"\r\n" != p.OK:
                     raise FeedError(f"the primary refused our admin token: "
                                     f"{line.decode(errors='replace')}")
+            await stream.send_all(p.render(p.Replicate(epoch, history, lp.state.last_seq)))
             line = await reader.line()
             words = line.split()
             if not words or words[0] not in (p.REPLICATING_WORD, p.FULLRESYNC_WORD):
