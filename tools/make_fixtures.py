@@ -510,7 +510,8 @@ class Server:
         config.write_text(CONFIG)
         cmd = [sys.executable, "-m", "smallstalk", "serve", "-l", "127.0.0.1", "-p",
                str(self.port), "--data-dir", str(data_dir), "--config", str(config),
-               "--segment-records", str(SEGMENT_RECORDS), "--compact-interval", "3600"]
+               "--segment-records", str(SEGMENT_RECORDS), "--compact-interval", "3600",
+               "--extended-stats"]  # the checks below read smallstalk's keys too
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         wait_until("the server to listen", self._listening, 30.0)
