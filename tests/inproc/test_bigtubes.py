@@ -166,7 +166,7 @@ async def test_reserved_and_buried_jobs_do_not_expire(lp, tmp_path, autojump_clo
     await trio.sleep(0.01)
     assert await c.ask(b"peek 1\r\n") == p.NOT_FOUND
     # A delayed job expires too, without waiting for its delay.
-    await c.ask(b"put 0 50 10 1 5\r\nd\r\n")
+    await c.ask(b"put-expiring 0 50 10 5 1\r\nd\r\n")
     await trio.sleep(6)
     assert await c.ask(b"peek 3\r\n") == p.NOT_FOUND
     assert_replays(lp, tmp_path)
@@ -201,7 +201,7 @@ async def test_expiry_wakes_nobody_and_grants_nothing(lp, tmp_path, autojump_clo
     w, c = Client(lp), Client(lp)
     w.send(b"reserve-with-timeout 20\r\n")
     await trio.sleep(1)
-    await c.ask(b"put 0 30 10 1 10\r\nx\r\n")  # delayed past its own expiry
+    await c.ask(b"put-expiring 0 30 10 10 1\r\nx\r\n")  # delayed past its own expiry
     assert await w.recv() == p.TIMED_OUT
     assert await c.ask(b"peek 1\r\n") == p.NOT_FOUND
 
