@@ -37,7 +37,7 @@ _spec.loader.exec_module(readbehind)
 def test_rss_stays_bounded_and_every_body_comes_back(tmp_path: Path) -> None:
     """The issue's test: a backlog many times --max-memory, drained; RSS bound:
     RSS at start + budget + 1 KiB per job + 32 MiB."""
-    srv = start_smallstalk(tmp_path, "--max-memory", "64MB", "--fsync", "never",
+    srv = start_smallstalk(tmp_path, "--max-memory", "64MB", "--fsync", "never", "--extended-stats",
                            data_dir=tmp_path / "data")
     try:
         res = readbehind.drive(srv.port, srv.pid, TOTAL)
