@@ -49,7 +49,7 @@ Usage: smallstalk COMMAND [ARGS]
 Commands:
   serve         run the server (see `smallstalk serve -h`); beanstalkd's
                 flags without a command also serve
-  promote       promote HOST:PORT: turn a replica into a primary
+  promote       promote [--token-file FILE] HOST:PORT: turn a replica into a primary
   config        config dump: the effective per-tube settings, from a
                 --config FILE or a running --server HOST:PORT
   aof           inspect a data directory: aof ls | dump | verify
