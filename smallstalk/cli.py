@@ -30,16 +30,14 @@ from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import State
 from smallstalk.replication.feed import Hooks, new_history
-from smallstalk.replication.follower import Follower
 from smallstalk.server.admin import AdminPolicy, parse_allow, read_token
 from smallstalk.server.connection import serve_listeners
 from smallstalk.server.loop import MutationLoop
 from smallstalk.server.policy import ConfigError
-from smallstalk.storage import compactor, datadir
+from smallstalk.storage import datadir
 from smallstalk.storage.aof import FSYNC_INTERVAL, CorruptionError, make_dirs
 from smallstalk.storage.bodies import BodyStore
 from smallstalk.storage.journal import Journal
-from smallstalk.storage.recovery import recover, refusal
 
 log = logging.getLogger("smallstalk")
 
@@ -133,6 +131,9 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
     journal = None
     lock = None
     if cfg.data_dir is not None:
+        # Imported here: a server without a data directory never needs them (start-up time).
+        from smallstalk.storage.recovery import recover
+
         # One directory, one process: taken before recovery writes anything, and
         # held until the server ends (a replica's follower runs in this process).
         lock = datadir.lock(cfg.data_dir)
@@ -185,6 +186,8 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
                  cfg.config_path, len(cfg.policies.tubes))
     follower = None
     if cfg.replica_of:
+        from smallstalk.replication.follower import Follower
+
         # A replica logs only what its primary sends, with the primary's seqs.
         # What it sends the primary first: its own admin token, or the client's variable.
         follower = Follower(lp, *cfg.replica_of, token=token or os.environ.get(TOKEN_ENV, "").strip() or None)
@@ -211,6 +214,8 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
             if follower is not None:
                 nursery.start_soon(follower.run)
             if journal is not None and cfg.compact:
+                from smallstalk.storage import compactor
+
                 nursery.start_soon(compactor.run, journal, cfg.data_dir, cfg.compact_interval,
                                    cfg.compact_segments,
                                    compactor.retention(cfg.keep_hours, cfg.keep_bytes), lp)
@@ -409,6 +414,8 @@ def _start_error(e: BaseException, data_dir: Path | None) -> StartError | None:
     if isinstance(e, datadir.Locked):
         return StartError(str(e), datadir.EXIT_LOCKED)
     if isinstance(e, CorruptionError):
+        from smallstalk.storage.recovery import refusal
+
         return StartError(f"cannot start: {refusal(e, data_dir)}" if data_dir is not None
                           else f"damaged data directory: {e}")
     if isinstance(e, OSError) and e.filename is not None and e.errno in _FILE_ERRNOS:
