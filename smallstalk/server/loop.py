@@ -197,6 +197,11 @@ class MutationLoop:
         """`log(r.Put, ...)` for the everyday put, without making the record:
         the same bytes staged, the same state change."""
         j = self.journal
+        if j is None and not self.read_only:
+            # In memory: nothing to stage; the state change `log` would make.
+            self._seq += 1
+            self.state.apply_put(self._seq, self.now, conn, job_id, tube, pri, delay, ttr, body)
+            return
         store = self.bodies
         c = self.commit
         if j is None or self.read_only or c.failed_until or (store is not None and (
