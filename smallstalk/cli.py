@@ -19,7 +19,6 @@ from pathlib import Path
 import trio
 
 from smallstalk import __version__, listen
-from smallstalk.client.security import TOKEN_ENV, token_for_tool
 from smallstalk.config import (
     ServeConfig,
     UsageError,
@@ -186,6 +185,7 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
                  cfg.config_path, len(cfg.policies.tubes))
     follower = None
     if cfg.replica_of:
+        from smallstalk.client.security import TOKEN_ENV
         from smallstalk.replication.follower import Follower
 
         # A replica logs only what its primary sends, with the primary's seqs.
@@ -303,6 +303,9 @@ def promote_command(argv: list[str]) -> int:
     host, _, port = args[0].rpartition(":")
     if not host or not port.isdigit() or int(port) > 65535:
         raise UsageError(f"promote: not HOST:PORT: {args[0]}")
+    # Imported here: the client package is not on the server's start-up path.
+    from smallstalk.client.security import token_for_tool
+
     try:
         token = token_for_tool(token_file)
     except ValueError as e:
