@@ -24,12 +24,14 @@ from smallstalk.config import (
     UsageError,
     parse_serve,
     server_changes,
+    tls_address,
 )
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import State
 from smallstalk.replication.feed import Hooks, new_history
 from smallstalk.replication.follower import Follower
+from smallstalk.server import tls
 from smallstalk.server.connection import serve_listeners
 from smallstalk.server.loop import MutationLoop
 from smallstalk.server.policy import ConfigError
@@ -123,8 +125,12 @@ def _whoami() -> str:
         return f"uid {os.getuid()}"
 
 
-async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
-    """Run the server on `sockets`, bound already: nothing is written before they are."""
+async def serve(cfg: ServeConfig, sockets: list[socket.socket],
+                tls_sockets: list[socket.socket] | tuple = (),
+                contexts: tls.Contexts | None = None) -> None:
+    """Run the server on `sockets` (plaintext) and `tls_sockets` (TLS with
+    `contexts.server`), bound already: nothing is written before they are."""
+    contexts = contexts or tls.Contexts()
     console = None
     if cfg.http is not None:  # the optional extra, imported before clients are served
         from smallstalk.console import app as console
@@ -181,7 +187,7 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
     follower = None
     if cfg.replica_of:
         # A replica logs only what its primary sends, with the primary's seqs.
-        follower = Follower(lp, *cfg.replica_of)
+        follower = Follower(lp, *cfg.replica_of, ssl_context=contexts.replica)
         lp.role, lp.follower = "replica", follower
         lp.read_only = "replica"
     elif journal is not None:
@@ -190,18 +196,23 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
         lp.log(r.Restart)  # connections of an earlier run are gone
         await journal.commit()
     listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in sockets]
+    if contexts.server is not None:
+        listeners += [tls.listener(trio.socket.from_stdlib_socket(s), contexts.server)
+                      for s in tls_sockets]
     try:
         async with trio.open_nursery() as nursery:
             # Signals first: a SIGUSR1 or SIGTERM right after the server says it
             # serves must be handled, not kill the process.
             await nursery.start(_signals, nursery.cancel_scope, lp, cfg)
-            where = ", ".join(listen.describe(s) for s in sockets)
+            where = ", ".join([listen.describe(s) for s in sockets] +
+                              [f"{listen.describe(s)} (TLS)" for s in tls_sockets])
             log.info("smallstalk %s listening on %s (fsync %s%s)", __version__, where,
                      cfg.fsync if journal else "n/a, in memory",
                      f", replica of {cfg.replica_of[0]}:{cfg.replica_of[1]}"
                      if cfg.replica_of else "")
             nursery.start_soon(lp.run)
-            nursery.start_soon(serve_listeners, lp, listeners, cfg.max_job_size)
+            nursery.start_soon(serve_listeners, lp, listeners, cfg.max_job_size,
+                               cfg.tls_handshake_timeout)
             if follower is not None:
                 nursery.start_soon(follower.run)
             if journal is not None and cfg.compact:
@@ -314,14 +325,29 @@ def _listen_sockets(argv: list[str], cfg: ServeConfig,
                     early: list[socket.socket] | None) -> list[socket.socket]:
     """systemd's sockets, else launch.py's early ones if they fit, else bound now."""
     passed = listen.systemd_sockets()
-    if early and (passed or not _early_socket_fits(argv, cfg)):
+    plaintext = cfg.plaintext or cfg.addr.startswith("unix:")  # a unix socket stays
+    if early and (passed or not plaintext or not _early_socket_fits(argv, cfg)):
         for sock in early:
             sock.close()
         early = None
     if passed:
         log.info("serving the %d socket(s) systemd passed in (-l/-p ignored)", len(passed))
         return passed
+    if not plaintext:
+        return []
     return early or listen.bind(cfg.addr, cfg.port)
+
+
+def _tls_setup(cfg: ServeConfig) -> tls.Contexts:
+    """The TLS contexts, from files read now (before -u and recovery); TLSFileError
+    names a file the server cannot use."""
+    server = replica = None
+    if cfg.tls_cert is not None and cfg.tls_key is not None:
+        server = tls.server_context(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
+    if cfg.replica_tls_ca is not None or cfg.replica_tls_cert is not None:
+        replica = tls.replica_context(cfg.replica_tls_ca, cfg.replica_tls_cert,
+                                      cfg.replica_tls_key)
+    return tls.Contexts(server, replica)
 
 
 def _setup_logging(verbose: int) -> None:
@@ -347,12 +373,15 @@ def serve_command(argv: list[str], early: list[socket.socket] | None = None) -> 
             return 5
     _setup_logging(cfg.verbose)
     try:
+        contexts = _tls_setup(cfg)
         sockets = _listen_sockets(argv, cfg, early)
+        tls_sockets = [] if cfg.tls_port is None else \
+            listen.bind(tls_address(cfg), cfg.tls_port, ("--tls-listen", "--tls-port"))
         if cfg.user:
             _drop_privileges(cfg.user)
         if cfg.data_dir is not None:
             _check_data_dir(cfg.data_dir)
-        trio.run(serve, cfg, sockets)
+        trio.run(serve, cfg, sockets, tls_sockets, contexts)
     except KeyboardInterrupt:
         pass
     except BaseException as e:  # noqa: B036 -- only known mistakes are caught, bugs re-raised
@@ -377,6 +406,8 @@ def _start_error(e: BaseException, data_dir: Path | None) -> StartError | None:
         return e
     if isinstance(e, listen.ListenError):
         return StartError(str(e), EXIT_LISTEN)
+    if isinstance(e, tls.TLSFileError):
+        return StartError(str(e))
     if isinstance(e, datadir.Locked):
         return StartError(str(e), datadir.EXIT_LOCKED)
     if isinstance(e, CorruptionError):

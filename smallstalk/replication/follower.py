@@ -1,6 +1,7 @@
 """The replica's side: follow a primary's record feed into our own AOF and state.
 
-`serve --replica-of HOST:PORT` runs a `Follower`: it connects to the primary,
+`serve --replica-of HOST:PORT` runs a `Follower`: it connects to the primary
+(over TLS with --replica-tls-ca, server/tls.py),
 asks for the records after its own last sequence number and history (see
 replication.py), writes them to its own AOF with the primary's sequence numbers
 and applies them through its own mutation loop, so its data directory is a
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 from pathlib import Path
 
 import cbor2
@@ -26,6 +28,7 @@ import trio
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import NS, State
+from smallstalk.server import tls
 from smallstalk.storage import aof, datadir, snapshot
 from smallstalk.storage.aof import CorruptionError
 
@@ -76,9 +79,10 @@ class FrameReader:
 
 
 class Follower:
-    def __init__(self, lp, host: str, port: int):
+    def __init__(self, lp, host: str, port: int, ssl_context: ssl.SSLContext | None = None):
         self.lp = lp
         self.host, self.port = host, port
+        self.ssl_context = ssl_context  # None: plaintext; else the primary's TLS port
         self.connected = False
         self.primary_seq = 0
         self.primary_time = 0
@@ -117,7 +121,10 @@ class Follower:
 
     async def _follow(self) -> None:
         lp = self.lp
-        stream = await trio.open_tcp_stream(self.host, self.port)
+        if self.ssl_context is None:
+            stream = await trio.open_tcp_stream(self.host, self.port)
+        else:  # the primary's certificate is checked against the CA and the host name
+            stream = await tls.connect(self.host, self.port, self.ssl_context)
         async with stream:
             epoch, history = lp.state.epoch
             await stream.send_all(p.render(p.Replicate(epoch, history, lp.state.last_seq)))
