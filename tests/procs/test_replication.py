@@ -1,4 +1,9 @@
-"""Hot standby with real processes: convergence, resume, resync, failover, fencing."""
+"""Hot standby with real processes: convergence, resume, resync, failover, fencing.
+
+Every test of the replication link runs twice (the `link` fixture): replicas
+following their primary's plaintext port, and its TLS port under mutual TLS
+(the replica checks the primary's certificate, the primary the replica's).
+Clients (greenstalk, which has no TLS) use the plaintext port either way."""
 
 from __future__ import annotations
 
@@ -12,12 +17,14 @@ from pathlib import Path
 import attrs
 import cbor2
 import greenstalk
+import pytest
 
 from smallstalk.storage import snapshot_codec
 from smallstalk.storage.recovery import recover
 
 from ..support.procs import Server, free_port, start_smallstalk, wait_for
 from ..support.threads import start as start_thread
+from ..support.tlscerts import Certs, make_certs
 
 
 def stats(port: int) -> dict:
@@ -33,9 +40,39 @@ def durable_state(data: Path) -> bytes:
     return cbor2.dumps(list(snapshot_codec.dump(recover(data, repair=False).state)))
 
 
-def replica_of(tmp: Path, primary: Server, name: str = "replica", *flags: str) -> Server:
-    return start_smallstalk(tmp, "--replica-of", f"127.0.0.1:{primary.port}", *flags,
-                            data_dir=tmp / name)
+@attrs.define
+class Link:
+    """How replicas reach their primary: its plaintext port, or (with `certs`) its
+    TLS port, mutual TLS on both sides."""
+
+    certs: Certs | None
+    tls_ports: dict[int, int] = attrs.Factory(dict)  # a primary's port -> its TLS port
+
+    def primary(self, tmp: Path, *flags: str, data_dir: Path, port: int | None = None) -> Server:
+        if self.certs is None:
+            return start_smallstalk(tmp, *flags, data_dir=data_dir, port=port)
+        port = port or free_port()
+        tls_port = self.tls_ports.setdefault(port, free_port())  # the same after a restart
+        return start_smallstalk(tmp, *self.certs.server_flags(tls_port, mutual=True), *flags,
+                                data_dir=data_dir, port=port)
+
+    def address(self, primary: Server) -> str:
+        return f"127.0.0.1:{self.tls_ports.get(primary.port, primary.port)}"
+
+    def replica(self, tmp: Path, primary: Server, name: str = "replica", *flags: str) -> Server:
+        tls = self.certs.replica_flags() if self.certs is not None else []
+        return start_smallstalk(tmp, "--replica-of", self.address(primary), *tls, *flags,
+                                data_dir=tmp / name)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture(params=["plain", "tls"])
+def link(request, certs: Certs) -> Link:
+    return Link(certs if request.param == "tls" else None)
 
 
 @attrs.define
@@ -92,10 +129,10 @@ def assert_holds(port: int, *works: Work) -> None:
     assert not missing, f"{len(missing)} of {len(live)} acknowledged jobs missing: {missing[:10]}"
 
 
-def test_replica_converges_under_concurrent_load(tmp_path: Path) -> None:
-    primary = start_smallstalk(tmp_path, "--segment-records", "50", "--compact-interval", "0.5",
+def test_replica_converges_under_concurrent_load(tmp_path: Path, link: Link) -> None:
+    primary = link.primary(tmp_path, "--segment-records", "50", "--compact-interval", "0.5",
                                data_dir=tmp_path / "primary")
-    replica = replica_of(tmp_path, primary)
+    replica = link.replica(tmp_path, primary)
     try:
         works: list[Work] = []
         threads = [start_thread(lambda k=k: works.append(load(primary.port, f"t{k}", 300)))
@@ -114,9 +151,9 @@ def test_replica_converges_under_concurrent_load(tmp_path: Path) -> None:
     assert durable_state(tmp_path / "replica") == durable_state(tmp_path / "primary")
 
 
-def test_replica_refuses_writes_and_serves_reads(tmp_path: Path) -> None:
-    primary = start_smallstalk(tmp_path, data_dir=tmp_path / "primary")
-    replica = replica_of(tmp_path, primary)
+def test_replica_refuses_writes_and_serves_reads(tmp_path: Path, link: Link) -> None:
+    primary = link.primary(tmp_path, data_dir=tmp_path / "primary")
+    replica = link.replica(tmp_path, primary)
     try:
         with greenstalk.Client(("127.0.0.1", primary.port), use="r") as c:
             job_id = c.put("payload")
@@ -135,15 +172,15 @@ def test_replica_refuses_writes_and_serves_reads(tmp_path: Path) -> None:
         replica.stop()
 
 
-def test_replica_restart_resumes(tmp_path: Path) -> None:
-    primary = start_smallstalk(tmp_path, data_dir=tmp_path / "primary")
-    replica = replica_of(tmp_path, primary)
+def test_replica_restart_resumes(tmp_path: Path, link: Link) -> None:
+    primary = link.primary(tmp_path, data_dir=tmp_path / "primary")
+    replica = link.replica(tmp_path, primary)
     try:
         a = load(primary.port, "a", 100)
         wait_for(lambda: caught_up(primary, replica))
         replica.kill()
         b = load(primary.port, "b", 100)
-        replica = replica_of(tmp_path, primary)
+        replica = link.replica(tmp_path, primary)
         wait_for(lambda: caught_up(primary, replica))
         assert "full resync" not in replica.log()
         assert_holds(replica.port, a, b)
@@ -153,10 +190,10 @@ def test_replica_restart_resumes(tmp_path: Path) -> None:
     assert durable_state(tmp_path / "replica") == durable_state(tmp_path / "primary")
 
 
-def test_replica_far_behind_a_compacted_primary_resyncs_from_a_snapshot(tmp_path: Path) -> None:
-    primary = start_smallstalk(tmp_path, "--segment-records", "20", "--compact-interval", "0.2",
+def test_replica_far_behind_a_compacted_primary_resyncs_from_a_snapshot(tmp_path: Path, link: Link) -> None:
+    primary = link.primary(tmp_path, "--segment-records", "20", "--compact-interval", "0.2",
                                "--compact-segments", "1", data_dir=tmp_path / "primary")
-    replica = replica_of(tmp_path, primary)
+    replica = link.replica(tmp_path, primary)
     try:
         a = load(primary.port, "a", 30)
         wait_for(lambda: caught_up(primary, replica))
@@ -165,7 +202,7 @@ def test_replica_far_behind_a_compacted_primary_resyncs_from_a_snapshot(tmp_path
         aof_dir = tmp_path / "primary" / "aof"
         wait_for(lambda: min(int(p.stem) for p in aof_dir.glob("*.aof")) > 100,
                  what="primary compacting its early segments")
-        replica = replica_of(tmp_path, primary)
+        replica = link.replica(tmp_path, primary)
         wait_for(lambda: caught_up(primary, replica))
         assert "full resync" in replica.log()
         assert_holds(replica.port, a, b)
@@ -175,10 +212,10 @@ def test_replica_far_behind_a_compacted_primary_resyncs_from_a_snapshot(tmp_path
     assert durable_state(tmp_path / "replica") == durable_state(tmp_path / "primary")
 
 
-def test_failover_with_min_replica_acks_loses_no_acknowledged_put(tmp_path: Path) -> None:
-    primary = start_smallstalk(tmp_path, "--min-replica-acks", "1",
+def test_failover_with_min_replica_acks_loses_no_acknowledged_put(tmp_path: Path, link: Link) -> None:
+    primary = link.primary(tmp_path, "--min-replica-acks", "1",
                                data_dir=tmp_path / "primary")
-    replica = replica_of(tmp_path, primary)
+    replica = link.replica(tmp_path, primary)
     works = [Work() for _ in range(3)]
     stop = threading.Event()
     try:
@@ -253,9 +290,9 @@ def test_min_replica_acks_without_replica_never_acknowledges(tmp_path: Path) -> 
         primary.stop()
 
 
-def test_old_primary_cannot_feed_the_promoted_one(tmp_path: Path) -> None:
-    primary = start_smallstalk(tmp_path, data_dir=tmp_path / "primary")
-    replica = replica_of(tmp_path, primary)
+def test_old_primary_cannot_feed_the_promoted_one(tmp_path: Path, link: Link) -> None:
+    primary = link.primary(tmp_path, data_dir=tmp_path / "primary")
+    replica = link.replica(tmp_path, primary)
     try:
         a = load(primary.port, "a", 50)
         wait_for(lambda: caught_up(primary, replica))
@@ -272,10 +309,10 @@ def test_old_primary_cannot_feed_the_promoted_one(tmp_path: Path) -> None:
         # The old primary comes back (as a primary) and the promoted server is
         # wrongly pointed at it: it must refuse to take the old history.
         port = primary.port
-        primary = start_smallstalk(tmp_path, data_dir=tmp_path / "primary", port=port)
+        primary = link.primary(tmp_path, data_dir=tmp_path / "primary", port=port)
         old = load(primary.port, "old", 20)
         assert_holds(primary.port, old)
-        replica = replica_of(tmp_path, primary)
+        replica = link.replica(tmp_path, primary)
         wait_for(lambda: "newer than ours" in replica.log(), what="the refusal")
         assert stats(replica.port)["replication-connected"] == "false"
     finally:
@@ -285,9 +322,9 @@ def test_old_primary_cannot_feed_the_promoted_one(tmp_path: Path) -> None:
     assert durable_state(tmp_path / "replica") == new_state
 
 
-def test_lag_is_reported(tmp_path: Path) -> None:
-    primary = start_smallstalk(tmp_path, data_dir=tmp_path / "primary")
-    replica = replica_of(tmp_path, primary)
+def test_lag_is_reported(tmp_path: Path, link: Link) -> None:
+    primary = link.primary(tmp_path, data_dir=tmp_path / "primary")
+    replica = link.replica(tmp_path, primary)
     try:
         a = load(primary.port, "a", 20)
         wait_for(lambda: caught_up(primary, replica))
@@ -295,7 +332,7 @@ def test_lag_is_reported(tmp_path: Path) -> None:
         st = stats(replica.port)
         assert st["replication-lag-records"] == 0
         assert float(st["replication-lag-seconds"]) == 0.0
-        assert st["replica-of"] == f"127.0.0.1:{primary.port}"
+        assert st["replica-of"] == link.address(primary)
         assert stats(primary.port)["replicas"] == 1
     finally:
         primary.stop()
@@ -307,3 +344,46 @@ def test_replication_needs_a_data_directory() -> None:
                           "--replica-of", "127.0.0.1:1"], capture_output=True, text=True,
                          timeout=30)
     assert out.returncode != 0 and "data directory" in out.stderr
+
+
+def test_over_tls_a_replica_follows_only_a_primary_it_can_verify_and_vice_versa(
+        tmp_path: Path, certs: Certs) -> None:
+    import trustme
+
+    from ..support.tlscerts import write_pair
+
+    link = Link(certs)
+    primary = link.primary(tmp_path, data_dir=tmp_path / "primary")
+    stranger_ca = tmp_path / "stranger-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(stranger_ca))
+    mallory = write_pair(trustme.CA().issue_cert("mallory@example.org"), tmp_path, "mallory")
+    address = ["--replica-of", link.address(primary)]
+    replicas = {
+        # Does not trust the primary's CA: refuses the primary's certificate.
+        "CERTIFICATE_VERIFY_FAILED": start_smallstalk(
+            tmp_path, *address, "--replica-tls-ca", str(stranger_ca),
+            data_dir=tmp_path / "untrusting"),
+        # Trusts it, but brings no certificate: the primary (mutual TLS) refuses it.
+        "no cert": start_smallstalk(tmp_path, *address, "--replica-tls-ca", str(certs.ca_file),
+                                    data_dir=tmp_path / "certless"),
+        # A certificate from another CA.
+        "another CA": start_smallstalk(
+            tmp_path, *address, "--replica-tls-ca", str(certs.ca_file), "--replica-tls-cert",
+            str(mallory[0]), "--replica-tls-key", str(mallory[1]), data_dir=tmp_path / "mallory"),
+    }
+    try:
+        load(primary.port, "secret", 20)
+        for what, replica in replicas.items():
+            wait_for(lambda r=replica: "replication from 127.0.0.1" in r.log(),
+                     what=f"the replica ({what}) to report its failed connection")
+            st = stats(replica.port)
+            assert st["replication-connected"] == "false", what
+            assert st["current-jobs-ready"] == 0 and st["last-seq"] == 0, what
+        assert "CERTIFICATE_VERIFY_FAILED" in replicas["CERTIFICATE_VERIFY_FAILED"].log()
+        assert stats(primary.port)["replicas"] == 0
+        wait_for(lambda: primary.log().count("TLS handshake with 127.0.0.1:") >= 2,
+                 what="the primary logging the replicas it refused")
+    finally:
+        primary.stop()
+        for replica in replicas.values():
+            replica.stop()
