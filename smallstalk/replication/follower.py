@@ -1,11 +1,11 @@
 """The replica's side: follow a primary's record feed into our own AOF and state.
 
 `serve --replica-of HOST:PORT` runs a `Follower`: it connects to the primary
-(over TLS with --replica-tls-ca, server/tls.py),
-asks for the records after its own last sequence number and history (see
-replication.py), writes them to its own AOF with the primary's sequence numbers
-and applies them through its own mutation loop, so its data directory is a
-valid smallstalk data directory at all times. It acknowledges each batch once
+(over TLS with --replica-tls-*, server/tls.py), asks for the records after
+its own last sequence number and history (see feed.py), writes them to its
+own AOF with the primary's sequence numbers and applies them through its own
+mutation loop, so its data directory is a valid smallstalk data directory at
+all times. It acknowledges each batch once
 it is on disk. A record already applied is skipped, a gap breaks the
 connection; after any break it reconnects with back-off and resumes from
 what it has. Clients may read (peek, stats, list) but not change anything.
@@ -145,7 +145,8 @@ class Follower:
                 log.info("full resync from snapshot at seq %d", snap_seq)
             self.connected = True
             self.last_error = None
-            log.info("following %s:%d from seq %d", self.host, self.port, lp.state.last_seq)
+            log.info("following %s:%d%s from seq %d", self.host, self.port,
+                     " over TLS" if self.ssl_context else "", lp.state.last_seq)
             while True:
                 batch = []
                 payloads, leftover = leftover or await reader.frames(), []
