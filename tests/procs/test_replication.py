@@ -151,6 +151,30 @@ def test_replica_converges_under_concurrent_load(tmp_path: Path, link: Link) -> 
     assert durable_state(tmp_path / "replica") == durable_state(tmp_path / "primary")
 
 
+def test_a_replica_joining_under_load_gets_every_record(tmp_path: Path, link: Link) -> None:
+    """Its `replicate` lands among other clients' commands: records staged in that
+    turn (or written, awaiting their fsync) before the feed existed still reach it."""
+    primary = link.primary(tmp_path, data_dir=tmp_path / "primary")
+    replicas: list[Server] = []
+    try:
+        works: list[Work] = []
+        threads = [start_thread(lambda k=k: works.append(load(primary.port, f"j{k}", 300)))
+                   for k in range(2)]
+        for name in ("r1", "r2", "r3"):  # each joins somewhere in the middle of the load
+            replicas.append(link.replica(tmp_path, primary, name))
+        for t in threads:
+            t.join(120)
+        for replica in replicas:
+            wait_for(lambda r=replica: caught_up(primary, r), what="replica catching up")
+            assert "gap in the feed" not in replica.log(), replica.log()
+            assert_holds(replica.port, *works)
+        assert stats(primary.port)["replicas"] == 3
+    finally:
+        primary.stop()
+        for replica in replicas:
+            replica.stop()
+
+
 def test_replica_refuses_writes_and_serves_reads(tmp_path: Path, link: Link) -> None:
     primary = link.primary(tmp_path, data_dir=tmp_path / "primary")
     replica = link.replica(tmp_path, primary)
