@@ -16,6 +16,7 @@ import attrs
 
 from smallstalk import __version__
 from smallstalk.core import protocol
+from smallstalk.server.admin import LOOPBACK, parse_allow, read_token
 from smallstalk.server.policy import (
     ConfigError,
     Policies,
@@ -97,6 +98,15 @@ TLS (see docs/SECURITY.md; certificates and keys are PEM files):
                          the replica's own certificate, for a primary with
                          --tls-client-ca
 
+Admin commands (replicate, promote, config, reload-config, flush-tube;
+see docs/SECURITY.md):
+ --admin-token-file FILE every connection must send `auth <token>` first; FILE holds
+                         the token (replicas send their own file's token to the primary)
+ --admin-allow CIDR,...  without a token: the addresses that may run them
+                         (default 127.0.0.0/8,::1; the unix socket always may)
+ --extended-stats        stats and stats-tube carry smallstalk's own keys too (default:
+                         beanstalkd's keys only; ext-stats and ext-stats-tube serve ours)
+
 Operator console (needs the extra: pip install smallstalk[console]):
  --http ADDR:PORT        serve /metrics and the web console there (default: off);
                          over HTTPS with --tls-cert
@@ -144,6 +154,10 @@ class ServeConfig:
     # The file's [server] settings as read at start ({TOML key: value}), to
     # tell on a reload whether the file now asks for something else.
     file_settings: dict[str, Any] = attrs.Factory(dict)
+    # Admin commands (server/admin.py): the token's file, the CIDRs trusted without one.
+    admin_token_file: Path | None = None
+    admin_allow: tuple[str, ...] = LOOPBACK
+    extended_stats: bool = False  # stats and stats-tube append smallstalk's keys
 
 
 def _int(text: str, flag: str) -> int:
@@ -170,10 +184,11 @@ LONG_OPTIONS = {
     "--listen", "--port", "--max-job-size", "--max-memory", "--config", "--http",
     "--tls-port", "--tls-listen", "--tls-cert", "--tls-key", "--tls-client-ca",
     "--tls-handshake-timeout", "--replica-tls-ca", "--replica-tls-cert", "--replica-tls-key",
+    "--admin-token-file", "--admin-allow",
 }
 
 # Long options without a value.
-SWITCHES = {"--no-compact", "--no-plaintext"}
+SWITCHES = {"--no-compact", "--no-plaintext", "--extended-stats"}
 
 # Options that name a file: --tls-cert FILE -> ServeConfig.tls_cert.
 PATH_OPTIONS = {f"--{key}": key.replace("-", "_") for key in (
@@ -248,6 +263,7 @@ def parse_serve(argv: list[str]) -> ServeConfig | str:
         else:
             _set_short(cfg, flag[1], value)
     check_tls(cfg)
+    _check_admin(cfg)
     return cfg
 
 
@@ -275,6 +291,16 @@ def tls_address(cfg: ServeConfig) -> str:
     if cfg.tls_listen is not None:
         return cfg.tls_listen
     return "127.0.0.1" if cfg.addr.startswith("unix:") else cfg.addr
+
+
+def _check_admin(cfg: ServeConfig) -> None:
+    """A token file that cannot be read, or an address that is none, stops the start."""
+    try:
+        parse_allow(cfg.admin_allow)
+        if cfg.admin_token_file is not None:
+            read_token(cfg.admin_token_file)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _set_short(cfg: ServeConfig, ch: str, value: str) -> None:
@@ -332,6 +358,15 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
         cfg.tls_handshake_timeout = _float(value, name)
     elif name in PATH_OPTIONS:
         setattr(cfg, PATH_OPTIONS[name], Path(value))
+    elif name == "--extended-stats":
+        cfg.extended_stats = True
+    elif name == "--admin-token-file":
+        cfg.admin_token_file = Path(value).absolute()
+    elif name == "--admin-allow":
+        try:
+            cfg.admin_allow = _cidrs(value, name)
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
     elif name == "--keep-segments-hours":
         cfg.keep_hours = _float(value, name)
     elif name == "--keep-segments-bytes":
@@ -359,6 +394,19 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
             cfg.max_memory = parse_size(value, name)
         except ConfigError as e:
             raise UsageError(str(e)) from None
+
+
+def _cidrs(value: object, where: str) -> tuple[str, ...]:
+    """"CIDR,CIDR" (a flag, or the file's string), or the file's list of strings."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise ConfigError(f"{where}: expected \"CIDR,...\" or a list of CIDRs, got {value!r}")
+    out = tuple(i.strip() for i in items if i.strip())
+    try:
+        parse_allow(out)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    return out
 
 
 def _float(text: str, flag: str) -> float:
@@ -473,11 +521,14 @@ SERVER_KEYS: dict[str, tuple[str, Callable[[object, str], Any]]] = {
     "replica-tls-ca": ("replica_tls_ca", _text),
     "replica-tls-cert": ("replica_tls_cert", _text),
     "replica-tls-key": ("replica_tls_key", _text),
+    "admin-token-file": ("admin_token_file", _text),
+    "admin-allow": ("admin_allow", _cidrs),
+    "extended-stats": ("extended_stats", _bool),
 }
 
 # Keys that name files or directories: relative to the configuration file's directory.
-PATH_KEYS = {"data-dir", "tls-cert", "tls-key", "tls-client-ca", "replica-tls-ca",
-             "replica-tls-cert", "replica-tls-key"}
+PATH_KEYS = {"data-dir", "admin-token-file", "tls-cert", "tls-key", "tls-client-ca",
+             "replica-tls-ca", "replica-tls-cert", "replica-tls-key"}
 
 def server_settings(doc: Mapping[str, Any], path: Path) -> dict[str, Any]:
     """The `[server]` table as {TOML key: converted value}; ConfigError names file and key."""

@@ -38,7 +38,7 @@ def listen_address(argv: list[str]) -> tuple[str, int] | None:
                     # and the server binds after reading the file (--no-plaintext:
                     # no plaintext port to bind).
                     return None
-                if name == "--no-compact":
+                if name in ("--no-compact", "--extended-stats"):  # switches: no value
                     continue
                 if not eq:
                     value = args.pop(0)

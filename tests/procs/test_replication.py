@@ -22,14 +22,20 @@ import pytest
 from smallstalk.storage import snapshot_codec
 from smallstalk.storage.recovery import recover
 
+from ..support.bsclient import connect
 from ..support.procs import Server, free_port, start_smallstalk, wait_for
 from ..support.threads import start as start_thread
 from ..support.tlscerts import Certs, make_certs
 
 
 def stats(port: int) -> dict:
-    with greenstalk.Client(("127.0.0.1", port)) as c:
-        return c.stats()
+    """`stats` and smallstalk's `ext-stats` together, numbers as ints."""
+    c = connect(port)
+    try:
+        both = {**c.stats(), **c.ext_stats()}
+    finally:
+        c.close()
+    return {k: int(v) if v.isdigit() else v for k, v in both.items()}
 
 
 def caught_up(primary: Server, replica: Server) -> bool:
@@ -411,3 +417,33 @@ def test_over_tls_a_replica_follows_only_a_primary_it_can_verify_and_vice_versa(
         primary.stop()
         for replica in replicas.values():
             replica.stop()
+
+
+def test_promote_over_the_replicas_tls_port(tmp_path: Path, certs: Certs) -> None:
+    link = Link(certs)
+    primary = link.primary(tmp_path, data_dir=tmp_path / "primary")
+    replica_tls = free_port()
+    replica = link.replica(tmp_path, primary, "replica",
+                           *certs.server_flags(replica_tls, mutual=True))
+    try:
+        a = load(primary.port, "a", 20)
+        wait_for(lambda: caught_up(primary, replica))
+        target = f"127.0.0.1:{replica_tls}"
+
+        def promote(*flags: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "smallstalk", "promote", *flags,
+                                   target], capture_output=True, text=True, timeout=30)
+
+        # Plaintext to the TLS port, or TLS without the client certificate: refused.
+        assert promote().returncode != 0
+        refused = promote("--tls-ca", str(certs.ca_file))
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused
+        assert stats(replica.port)["role"] == "replica"
+        done = promote("--tls-ca", str(certs.ca_file), "--tls-cert",
+                       str(certs.client_cert_file), "--tls-key", str(certs.client_key_file))
+        assert done.returncode == 0 and done.stdout.startswith("PROMOTED 2"), done
+        assert stats(replica.port)["role"] == "primary"
+        assert_holds(replica.port, a)
+    finally:
+        primary.stop()
+        replica.stop()

@@ -13,6 +13,7 @@ CASES = [
     ["--data-dir", "d", "--fsync", "never", "-p", "3"], ["-l", "unix:/tmp/s.sock"],
     ["-z", "10", "-s", "4096", "-f", "0", "-u", "nobody", "-p", "8"], ["--no-compact", "-p", "2"],
     ["--tls-port", "5", "--tls-cert", "c.pem", "--tls-key", "k.pem", "-p", "6"],
+    ["--extended-stats", "-p", "4"],
 ]
 
 
