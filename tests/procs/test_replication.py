@@ -49,26 +49,31 @@ def durable_state(data: Path) -> bytes:
 @attrs.define
 class Link:
     """How replicas reach their primary: its plaintext port, or (with `certs`) its
-    TLS port, mutual TLS on both sides."""
+    TLS port, mutual TLS on both sides, and an admin token on every server (the
+    replica sends it; `smallstalk promote` reads it from $SMALLSTALK_TOKEN)."""
 
     certs: Certs | None
+    token_file: Path | None = None
     tls_ports: dict[int, int] = attrs.Factory(dict)  # a primary's port -> its TLS port
+
+    def _token(self) -> list[str]:
+        return [] if self.token_file is None else ["--admin-token-file", str(self.token_file)]
 
     def primary(self, tmp: Path, *flags: str, data_dir: Path, port: int | None = None) -> Server:
         if self.certs is None:
             return start_smallstalk(tmp, *flags, data_dir=data_dir, port=port)
         port = port or free_port()
         tls_port = self.tls_ports.setdefault(port, free_port())  # the same after a restart
-        return start_smallstalk(tmp, *self.certs.server_flags(tls_port, mutual=True), *flags,
-                                data_dir=data_dir, port=port)
+        return start_smallstalk(tmp, *self.certs.server_flags(tls_port, mutual=True),
+                                *self._token(), *flags, data_dir=data_dir, port=port)
 
     def address(self, primary: Server) -> str:
         return f"127.0.0.1:{self.tls_ports.get(primary.port, primary.port)}"
 
     def replica(self, tmp: Path, primary: Server, name: str = "replica", *flags: str) -> Server:
         tls = self.certs.replica_flags() if self.certs is not None else []
-        return start_smallstalk(tmp, "--replica-of", self.address(primary), *tls, *flags,
-                                data_dir=tmp / name)
+        return start_smallstalk(tmp, "--replica-of", self.address(primary), *tls,
+                                *self._token(), *flags, data_dir=tmp / name)
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +82,13 @@ def certs(tmp_path_factory) -> Certs:
 
 
 @pytest.fixture(params=["plain", "tls"])
-def link(request, certs: Certs) -> Link:
-    return Link(certs if request.param == "tls" else None)
+def link(request, certs: Certs, tmp_path: Path, monkeypatch) -> Link:
+    if request.param == "plain":
+        return Link(None)
+    token = tmp_path / "admin.token"
+    token.write_text("replication-s3cr3t\n")
+    monkeypatch.setenv("SMALLSTALK_TOKEN", "replication-s3cr3t")  # for `smallstalk promote`
+    return Link(certs, token)
 
 
 @attrs.define
