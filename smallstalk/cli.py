@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 from pathlib import Path
 
@@ -24,11 +25,13 @@ from smallstalk.config import (
     UsageError,
     parse_serve,
     server_changes,
+    tls_address,
 )
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import State
 from smallstalk.replication.feed import Hooks, new_history
+from smallstalk.server import tls
 from smallstalk.server.admin import AdminPolicy, parse_allow, read_token
 from smallstalk.server.connection import serve_listeners
 from smallstalk.server.loop import MutationLoop
@@ -122,8 +125,12 @@ def _whoami() -> str:
         return f"uid {os.getuid()}"
 
 
-async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
-    """Run the server on `sockets`, bound already: nothing is written before they are."""
+async def serve(cfg: ServeConfig, sockets: list[socket.socket],
+                tls_sockets: list[socket.socket] | tuple = (),
+                contexts: tls.Contexts | None = None) -> None:
+    """Run the server on `sockets` (plaintext) and `tls_sockets` (TLS with
+    `contexts.server`), bound already: nothing is written before they are."""
+    contexts = contexts or tls.Contexts()
     console = None
     if cfg.http is not None:  # the optional extra, imported before clients are served
         from smallstalk.console import app as console
@@ -190,7 +197,8 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
 
         # A replica logs only what its primary sends, with the primary's seqs.
         # What it sends the primary first: its own admin token, or the client's variable.
-        follower = Follower(lp, *cfg.replica_of, token=token or os.environ.get(TOKEN_ENV, "").strip() or None)
+        follower = Follower(lp, *cfg.replica_of, ssl_context=contexts.replica,
+                            token=token or os.environ.get(TOKEN_ENV, "").strip() or None)
         lp.role, lp.follower = "replica", follower
         lp.read_only = "replica"
     elif journal is not None:
@@ -199,18 +207,23 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
         lp.log(r.Restart)  # connections of an earlier run are gone
         await journal.commit()
     listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in sockets]
+    if contexts.server is not None:
+        listeners += [tls.listener(trio.socket.from_stdlib_socket(s), contexts.server)
+                      for s in tls_sockets]
     try:
         async with trio.open_nursery() as nursery:
             # Signals first: a SIGUSR1 or SIGTERM right after the server says it
             # serves must be handled, not kill the process.
             await nursery.start(_signals, nursery.cancel_scope, lp, cfg)
-            where = ", ".join(listen.describe(s) for s in sockets)
+            where = ", ".join([listen.describe(s) for s in sockets] +
+                              [f"{listen.describe(s)} (TLS)" for s in tls_sockets])
             log.info("smallstalk %s listening on %s (fsync %s%s)", __version__, where,
                      cfg.fsync if journal else "n/a, in memory",
                      f", replica of {cfg.replica_of[0]}:{cfg.replica_of[1]}"
                      if cfg.replica_of else "")
             nursery.start_soon(lp.run)
-            nursery.start_soon(serve_listeners, lp, listeners, cfg.max_job_size)
+            nursery.start_soon(serve_listeners, lp, listeners, cfg.max_job_size,
+                               cfg.tls_handshake_timeout)
             if follower is not None:
                 nursery.start_soon(follower.run)
             if journal is not None and cfg.compact:
@@ -273,14 +286,37 @@ async def _reload(lp: MutationLoop, cfg: ServeConfig | None) -> None:
 
 
 PROMOTE_HELP = """\
-usage: smallstalk promote [--token-file FILE] HOST:PORT
+usage: smallstalk promote [--token-file FILE] [--tls-ca FILE [--tls-cert FILE
+                         --tls-key FILE]] HOST:PORT
 
 Tell the replica at HOST:PORT to become a primary: it stops following its
 primary and takes writes. Prints the replica's answer; exits 0 on PROMOTED.
 A replica started with --admin-token-file needs its token: from
 --token-file FILE, else from $SMALLSTALK_TOKEN (never an argument: `ps`
 shows those). See docs/OPERATIONS.md for the failover runbook.
+
+HOST:PORT may be the replica's TLS port: --tls-ca FILE checks its
+certificate against the CAs in FILE; --tls-cert and --tls-key present this
+client's certificate to a replica with --tls-client-ca.
 """
+
+PROMOTE_FLAGS = ("--token-file", "--tls-ca", "--tls-cert", "--tls-key")
+
+
+def _promote_tls(opts: dict[str, str]) -> ssl.SSLContext | None:
+    """The TLS context of `promote`'s options, or None for plaintext."""
+    if not any(k in opts for k in PROMOTE_FLAGS[1:]):
+        return None
+    if ("--tls-cert" in opts) != ("--tls-key" in opts):
+        raise UsageError("promote: --tls-cert and --tls-key go together")
+    try:
+        ctx = ssl.create_default_context(cafile=opts.get("--tls-ca"))
+        if "--tls-cert" in opts:
+            ctx.load_cert_chain(opts["--tls-cert"], opts["--tls-key"], password=lambda: b"")
+    except (OSError, ValueError) as e:
+        raise UsageError(f"promote: cannot load the TLS files: {e}") from None
+    return ctx
+
 
 
 def promote_command(argv: list[str]) -> int:
@@ -289,17 +325,19 @@ def promote_command(argv: list[str]) -> int:
         print(PROMOTE_HELP, end="")
         return 0
     args = list(argv)
-    token_file = None
-    if args and args[0].startswith("--token-file"):
-        flag = args.pop(0)
-        if "=" in flag:
-            token_file = flag.partition("=")[2]
-        elif args:
-            token_file = args.pop(0)
-        else:
-            raise UsageError("--token-file takes a FILE")
+    opts: dict[str, str] = {}
+    while args and args[0].startswith("--"):
+        flag, eq, value = args.pop(0).partition("=")
+        if flag not in PROMOTE_FLAGS:
+            raise UsageError(f"promote: unknown option {flag}")
+        if not eq:
+            if not args:
+                raise UsageError(f"{flag} takes a FILE")
+            value = args.pop(0)
+        opts[flag] = value
+    token_file = opts.get("--token-file")
     if len(args) != 1:
-        raise UsageError("promote takes one argument, HOST:PORT (and --token-file FILE first)")
+        raise UsageError("promote takes one argument, HOST:PORT (options first)")
     host, _, port = args[0].rpartition(":")
     if not host or not port.isdigit() or int(port) > 65535:
         raise UsageError(f"promote: not HOST:PORT: {args[0]}")
@@ -310,9 +348,11 @@ def promote_command(argv: list[str]) -> int:
         token = token_for_tool(token_file)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    ctx = _promote_tls(opts)
     hello = b"" if token is None else p.render(p.Auth(token))
     try:
-        with socket.create_connection((host, int(port)), timeout=30) as sock:
+        with socket.create_connection((host, int(port)), timeout=30) as tcp, (
+                ctx.wrap_socket(tcp, server_hostname=host) if ctx else tcp) as sock:
             sock.sendall(hello + p.render(p.PROMOTE))
             reply = b""
             while reply.count(b"\r\n") < (2 if token is not None else 1):
@@ -351,14 +391,29 @@ def _listen_sockets(argv: list[str], cfg: ServeConfig,
                     early: list[socket.socket] | None) -> list[socket.socket]:
     """systemd's sockets, else launch.py's early ones if they fit, else bound now."""
     passed = listen.systemd_sockets()
-    if early and (passed or not _early_socket_fits(argv, cfg)):
+    plaintext = cfg.plaintext or cfg.addr.startswith("unix:")  # a unix socket stays
+    if early and (passed or not plaintext or not _early_socket_fits(argv, cfg)):
         for sock in early:
             sock.close()
         early = None
     if passed:
         log.info("serving the %d socket(s) systemd passed in (-l/-p ignored)", len(passed))
         return passed
+    if not plaintext:
+        return []
     return early or listen.bind(cfg.addr, cfg.port)
+
+
+def _tls_setup(cfg: ServeConfig) -> tls.Contexts:
+    """The TLS contexts, from files read now (before -u and recovery); TLSFileError
+    names a file the server cannot use."""
+    server = replica = None
+    if cfg.tls_cert is not None and cfg.tls_key is not None:
+        server = tls.server_context(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
+    if cfg.replica_tls_ca is not None or cfg.replica_tls_cert is not None:
+        replica = tls.replica_context(cfg.replica_tls_ca, cfg.replica_tls_cert,
+                                      cfg.replica_tls_key)
+    return tls.Contexts(server, replica)
 
 
 def _setup_logging(verbose: int) -> None:
@@ -384,12 +439,15 @@ def serve_command(argv: list[str], early: list[socket.socket] | None = None) -> 
             return 5
     _setup_logging(cfg.verbose)
     try:
+        contexts = _tls_setup(cfg)
         sockets = _listen_sockets(argv, cfg, early)
+        tls_sockets = [] if cfg.tls_port is None else \
+            listen.bind(tls_address(cfg), cfg.tls_port, ("--tls-listen", "--tls-port"))
         if cfg.user:
             _drop_privileges(cfg.user)
         if cfg.data_dir is not None:
             _check_data_dir(cfg.data_dir)
-        trio.run(serve, cfg, sockets)
+        trio.run(serve, cfg, sockets, tls_sockets, contexts)
     except KeyboardInterrupt:
         pass
     except BaseException as e:  # noqa: B036 -- only known mistakes are caught, bugs re-raised
@@ -414,6 +472,8 @@ def _start_error(e: BaseException, data_dir: Path | None) -> StartError | None:
         return e
     if isinstance(e, listen.ListenError):
         return StartError(str(e), EXIT_LISTEN)
+    if isinstance(e, tls.TLSFileError):
+        return StartError(str(e))
     if isinstance(e, datadir.Locked):
         return StartError(str(e), datadir.EXIT_LOCKED)
     if isinstance(e, CorruptionError):

@@ -122,8 +122,10 @@ class GroupCommit:
             self.must_sync = rec.seq
             if self.track_needs:
                 self._track(rec, kind)
-        if self.feeds:
-            self.turn_payloads.append((rec.seq, payload))
+        # Kept with or without feeds: a replica that joins later in this turn, or
+        # before this turn's fsync, starts from the durable seq and gets the
+        # rest from these pushes (skipping them left a gap in its feed).
+        self.turn_payloads.append((rec.seq, payload))
         if kind in PUTS and self.lp.bodies is not None:
             path, end = self.journal.appended_at()
             self.turn_puts.append((rec, path, end - len(rec.body)))

@@ -44,6 +44,7 @@ import trio
 
 from smallstalk.core.protocol import Parser
 from smallstalk.server import poller as poller_mod
+from smallstalk.server import tls
 from smallstalk.server.loop import MutationLoop
 from smallstalk.server.poller import Poller
 
@@ -272,13 +273,19 @@ async def open_listeners(addr: str, port: int) -> list[trio.SocketListener]:
     return await trio.open_tcp_listeners(port, host=addr or None, backlog=1024)
 
 
-async def serve_listeners(lp: MutationLoop, listeners, max_job_size: int) -> None:
+async def serve_listeners(lp: MutationLoop, listeners, max_job_size: int,
+                          handshake_timeout: float = tls.HANDSHAKE_TIMEOUT) -> None:
+    """Serve every listener; a TLS listener's clients shake hands first (tls.py)."""
     poller = Poller() if poller_mod.available() else None
 
     async def handler(stream) -> None:
-        if isinstance(stream, trio.SocketStream):
+        if isinstance(stream, trio.SSLStream):
+            if not await tls.handshake(stream, handshake_timeout):
+                return
+        transport = getattr(stream, "transport_stream", stream)
+        if isinstance(transport, trio.SocketStream):
             try:
-                stream.setsockopt(stdsocket.IPPROTO_TCP, stdsocket.TCP_NODELAY, True)
+                transport.setsockopt(stdsocket.IPPROTO_TCP, stdsocket.TCP_NODELAY, True)
             except OSError as e:
                 if e.errno not in (errno.EOPNOTSUPP, errno.ENOPROTOOPT, errno.EINVAL):
                     raise

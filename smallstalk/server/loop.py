@@ -218,8 +218,7 @@ class MutationLoop:
         if c.track_needs:
             c.put_ids.append(job_id)
             c.put_seqs.append(seq)
-        if self.feeds:
-            c.turn_payloads.append((seq, payload))
+        c.turn_payloads.append((seq, payload))  # also without feeds: see commit.stage
         self.state.apply_put(seq, now, conn, job_id, tube, pri, delay, ttr, body)
 
     def apply_replicated(self, records: list) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 
 import attrs
@@ -42,13 +43,17 @@ def put_cmd(body: bytes, pri: int = 0, delay: int = 0, ttr: int = 60, max_age: i
 
 
 class Client:
-    """One connection. `send` pipelines raw commands; `read` takes replies in order."""
+    """One connection. `send` pipelines raw commands; `read` takes replies in order.
+    With `ssl_context`, the socket is wrapped by the standard `ssl` module."""
 
-    def __init__(self, port: int, timeout: float = 10.0, source: str | None = None):
+    def __init__(self, port: int, timeout: float = 10.0, source: str | None = None,
+                 ssl_context: ssl.SSLContext | None = None):
         # `source`: the local address to connect from (another 127.0.0.x peer).
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout,
                                              source_address=(source, 0) if source else None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ssl_context is not None:
+            self.sock = ssl_context.wrap_socket(self.sock, server_hostname="127.0.0.1")
         self.buf = bytearray()
 
     def close(self) -> None:
