@@ -61,6 +61,13 @@ def wall_clock() -> int:
     return time.time_ns()
 
 
+# A replica's own sessions take ids far above its primary's connection ids,
+# which arrive in the primary's records: sharing one would let a local
+# client's `use` or hang-up change (or release the reservations of) the
+# primary's connection in the replica's state.
+REPLICA_SESSIONS = 1 << 48
+
+
 class MutationLoop:
     """The queue state, the sessions, and the turns that change them (see above)."""
 
@@ -114,7 +121,9 @@ class MutationLoop:
         """A new connection's session; `peer` and `transport` decide whether it
         may run admin commands without `auth` (server/admin.py)."""
         sid = self._next_conn
-        self._next_conn += 1
+        if self.role == "replica" and sid < REPLICA_SESSIONS:
+            sid = REPLICA_SESSIONS
+        self._next_conn = sid + 1
         s = Session(sid, deliver, peer, transport)
         s.admin = self.admin.trusts(peer, transport)
         self._send.send_nowait(("open", s))

@@ -212,6 +212,37 @@ def test_replica_refuses_writes_and_serves_reads(tmp_path: Path, link: Link) -> 
         replica.stop()
 
 
+def test_a_replicas_own_clients_leave_the_primarys_connections_alone(
+        tmp_path: Path, link: Link) -> None:
+    """Clients of the replica come and go (a `use`, a hang-up) while a client of
+    the primary holds a reservation: the replica's state keeps it reserved, as
+    the primary's does, and the primary's later records still apply."""
+    primary = link.primary(tmp_path, data_dir=tmp_path / "primary")
+    replica = link.replica(tmp_path, primary)
+    try:
+        worker = connect(primary.port)
+        job = worker.put(b"held").id
+        assert worker.call(b"reserve-with-timeout 5\r\n").status == b"RESERVED"
+        wait_for(lambda: caught_up(primary, replica))
+        for _ in range(8):  # ids of the primary's connections, and more
+            local = connect(replica.port)
+            assert local.call(b"use elsewhere\r\n").status == b"USING"
+            local.close()
+        assert worker.call(b"release %d 0 0\r\n" % job).status == b"RELEASED"
+        assert worker.call(b"reserve-with-timeout 5\r\n").status == b"RESERVED"
+        wait_for(lambda: caught_up(primary, replica))
+        with connect(replica.port) as c:
+            assert c.call(b"stats-job %d\r\n" % job).yaml()["state"] == "reserved"
+            assert c.call(b"stats-tube default\r\n").yaml()["current-jobs-reserved"] == "1"
+        worker.close()
+        wait_for(lambda: caught_up(primary, replica))
+        with connect(replica.port) as c:
+            assert c.call(b"stats-job %d\r\n" % job).yaml()["state"] == "ready"
+    finally:
+        primary.stop()
+        replica.stop()
+
+
 def test_replica_restart_resumes(tmp_path: Path, link: Link) -> None:
     primary = link.primary(tmp_path, data_dir=tmp_path / "primary")
     replica = link.replica(tmp_path, primary)
