@@ -156,3 +156,33 @@ def test_corruption_error_names_file_offset_and_seq(tmp_path: Path) -> None:
     assert (e.offset, e.seq, e.why) == (99, 7, "checksum mismatch")
     assert str(e) == f"{tmp_path / 'x.aof'}: checksum mismatch at offset 99 (after seq 7)"
     assert "before any record" in str(CorruptionError(tmp_path, 0, None, "bad header"))
+
+
+@pytest.mark.parametrize("tail", [b"", b"\x01\x02", b"\x00" * 12, struct.pack("<II", 100, 0) + b"abc",
+                                  struct.pack("<II", 3, 12345) + b"abc"],
+                         ids=["clean", "short", "zeros", "past-end", "crc"])
+@pytest.mark.parametrize("n", [3, 1100], ids=["one-batch", "three-batches"])
+def test_start_ups_batched_reader_stops_where_read_frames_does(tmp_path: Path, tail: bytes,
+                                                               n: int) -> None:
+    """segment_batches (start-up's fast path) applies read_frames' rules inline."""
+    data = segment(1, [put(s) for s in range(1, n + 1)]) + tail
+    path = tmp_path / aof.segment_name(1)
+    *entries, scan = aof.iter_segment(path, data)
+    *frames, want = aof.read_frames(data)
+    assert [off for off, _ in entries] == [off for off, _ in frames]
+    assert [rec.seq for _, rec in entries] == list(range(1, n + 1))
+    assert (scan.end, scan.size, scan.why) == (want.end, want.size, want.why)
+    batches = list(aof.segment_batches(path, data, put_lists=True))
+    assert all(len(offs) <= aof.SEGMENT_BATCH for offs, _, _ in batches)
+    assert [s for _, _, s in batches[:-1]] == [None] * (len(batches) - 1)
+    assert all(type(x) is list for _, recs, _ in batches for x in recs)  # format-1 puts as lists
+
+
+def test_start_ups_reader_names_a_record_that_does_not_decode(tmp_path: Path) -> None:
+    path = tmp_path / aof.segment_name(1)
+    data = segment(1, [put(1), b"\xff not cbor", put(3)])
+    with pytest.raises(CorruptionError) as e:
+        list(aof.iter_segment(path, data))
+    assert e.value.offset == aof.HEADER_SIZE + len(aof.frame(put(1))) and e.value.seq == 1
+    with pytest.raises(CorruptionError, match="header says first seq 1, first record has 2"):
+        list(aof.iter_segment(path, segment(1, [put(2)])))
