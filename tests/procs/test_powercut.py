@@ -380,6 +380,7 @@ def test_what_a_power_cut_loses_per_fsync_mode(tmp_path: Path, disk: PowerCutMou
     args = ("--compact-interval", "1", *FSYNC_MODES[mode])
     data = disk.path / "data"
     lost_total, back_total, acked_total, windows, torn = 0, 0, 0, [], 0
+    lost_examples: list[tuple[int, str]] = []
     srv = start_smallstalk(tmp_path, *args, data_dir=data)
     servers.append(srv)
     for rnd in range(RELAXED_ROUNDS):
@@ -414,6 +415,7 @@ def test_what_a_power_cut_loses_per_fsync_mode(tmp_path: Path, disk: PowerCutMou
         back = [j for j in deleted if j in there]
         if lost:
             windows.append(cut_at - min(acked[j] for j in lost))
+            lost_examples += [(j, f"{(cut_at - acked[j]) * 1000:.1f} ms") for j in lost[:5]]
         lost_total += len(lost)
         back_total += len(back)
         acked_total += len(acked)
@@ -426,5 +428,5 @@ def test_what_a_power_cut_loses_per_fsync_mode(tmp_path: Path, disk: PowerCutMou
           f"{lost_total} lost, {back_total} acknowledged deletes back; "
           f"oldest lost acknowledgement {window} before the cut; {torn} torn tails cut")
     if mode == "always":
-        assert lost_total == 0 and back_total == 0
+        assert lost_total == 0 and back_total == 0, f"seed {seed}: {lost_examples}"
     recovery.recover(data, repair=False)  # the directory as left is consistent
