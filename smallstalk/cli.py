@@ -7,35 +7,37 @@ binary can be swapped into a service file or a client library's test set-up;
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import os
 import signal
+import socket
 import sys
+from pathlib import Path
 
 import trio
 
+from smallstalk import __version__, listen
 from smallstalk.config import (
-    SERVE_HELP,
-    VERSION,
     ServeConfig,
     UsageError,
     parse_serve,
     server_changes,
 )
+from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import State
-from smallstalk.launch import listen_address
-from smallstalk.replication.feed import new_history
+from smallstalk.replication.feed import Hooks, new_history
 from smallstalk.replication.follower import Follower
-from smallstalk.server.connection import open_listeners, serve_listeners
+from smallstalk.server.connection import serve_listeners
 from smallstalk.server.loop import MutationLoop
 from smallstalk.server.policy import ConfigError
-from smallstalk.storage import compactor
-from smallstalk.storage.aof import FSYNC_INTERVAL, make_dirs
+from smallstalk.storage import compactor, datadir
+from smallstalk.storage.aof import FSYNC_INTERVAL, CorruptionError, make_dirs
 from smallstalk.storage.bodies import BodyStore
 from smallstalk.storage.journal import Journal
-from smallstalk.storage.recovery import recover
+from smallstalk.storage.recovery import recover, refusal
 
 log = logging.getLogger("smallstalk")
 
@@ -49,6 +51,7 @@ Commands:
   config        config dump: the effective per-tube settings, from a
                 --config FILE or a running --server HOST:PORT
   aof           inspect a data directory: aof ls | dump | verify
+  backup        backup DIR DEST: a consistent copy of a live data directory
   replay        rebuild the state as it was at a sequence number or time
   job-history   the whole life of one job as a timeline
   analyze       job analytics over AOF archives on Spark (smallstalk[analytics])
@@ -61,29 +64,76 @@ Commands:
 # Commands that live in their own modules: "module:function", imported on use
 # so the server never loads the tools (or PySpark) it does not need.
 TOOL_COMMANDS = {
-    "aof": "smallstalk.ops.tools:main_aof",
-    "replay": "smallstalk.ops.tools:main_replay",
-    "job-history": "smallstalk.ops.tools:main_job_history",
+    "aof": "smallstalk.ops.aof:main",
+    "backup": "smallstalk.ops.backup:main",
+    "replay": "smallstalk.ops.replay:main",
+    "job-history": "smallstalk.ops.job_history:main",
     "analyze": "smallstalk.analytics:main",
     "worker": "smallstalk.worker:main",
     "config": "smallstalk.ops.config_dump:main",
 }
 
 
+# Optional dependencies -> the extra that installs them.
+EXTRAS = {"pyspark": "analytics", "pyarrow": "analytics"}
+
+# beanstalkd's exit statuses for the same mistakes.
+EXIT_LISTEN, EXIT_USER = 111, 32
+
+
+class StartError(Exception):
+    """An operator's mistake found at start: one line to print, and the exit status."""
+
+    def __init__(self, message: str, status: int = 1):
+        super().__init__(message)
+        self.status = status
+
+
 def _drop_privileges(user: str) -> None:
     import pwd
 
-    pw = pwd.getpwnam(user)
-    os.setgroups([])
-    os.setgid(pw.pw_gid)
-    os.setuid(pw.pw_uid)
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise StartError(f"-u {user}: no such user", EXIT_USER) from None
+    try:
+        os.setgroups([])
+        os.setgid(pw.pw_gid)
+        os.setuid(pw.pw_uid)
+    except PermissionError:
+        raise StartError(f"-u {user}: only root can become another user", EXIT_USER) from None
 
 
-async def serve(cfg: ServeConfig, listen_socket=None) -> None:
-    """Run the server; `listen_socket` is one launch.py already bound."""
+def _check_data_dir(path: Path) -> None:
+    """The data directory exists (made if need be), is a directory, and is ours to write."""
+    if path.exists() and not path.is_dir():
+        raise StartError(f"data directory {path} is a file, not a directory (-b DIR)")
+    make_dirs(path)  # made durably: each new directory's entry fsynced into its parent
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StartError(f"data directory {path}: not writable by {_whoami()}: "
+                         "chown it to the server's user (see -u)")
+
+
+def _whoami() -> str:
+    import pwd
+
+    try:
+        return f"user {pwd.getpwuid(os.getuid()).pw_name}"
+    except KeyError:
+        return f"uid {os.getuid()}"
+
+
+async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
+    """Run the server on `sockets`, bound already: nothing is written before they are."""
+    console = None
+    if cfg.http is not None:  # the optional extra, imported before clients are served
+        from smallstalk.console import app as console
     journal = None
+    lock = None
     if cfg.data_dir is not None:
-        make_dirs(cfg.data_dir)
+        # One directory, one process: taken before recovery writes anything, and
+        # held until the server ends (a replica's follower runs in this process).
+        lock = datadir.lock(cfg.data_dir)
         started = trio.current_time()
         # Read-behind: bodies past --max-memory (or a tube's max-memory) stay on disk.
         pol = cfg.policies
@@ -97,6 +147,9 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
         try:
             rec = recover(cfg.data_dir, bodies=bodies)
             gc.freeze()
+        except BaseException:
+            datadir.unlock(lock)  # damage: an in-process caller may try again after a repair
+            raise
         finally:
             gc.enable()
         for w in rec.warnings:
@@ -118,6 +171,7 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
                       min_replica_acks=cfg.min_replica_acks,
                       replica_ack_timeout=cfg.replica_ack_timeout)
     lp.policies = cfg.policies
+    lp.replication = Hooks()  # `replicate` and `promote` (server/ does not import replication/)
     if journal is not None:
         lp.use_bodies(bodies)
     lp.config_path = cfg.config_path
@@ -135,19 +189,14 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
             lp.log(r.NewEpoch, 1, new_history())
         lp.log(r.Restart)  # connections of an earlier run are gone
         await journal.commit()
+    listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in sockets]
     try:
         async with trio.open_nursery() as nursery:
-            # Signals first: a SIGUSR1 or SIGTERM right after the port opens must
-            # be handled, not kill the process.
+            # Signals first: a SIGUSR1 or SIGTERM right after the server says it
+            # serves must be handled, not kill the process.
             await nursery.start(_signals, nursery.cancel_scope, lp, cfg)
-            if listen_socket is not None:
-                listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(listen_socket))]
-            else:
-                listeners = await open_listeners(cfg.addr, cfg.port)
-            if cfg.user:
-                _drop_privileges(cfg.user)
-            where = cfg.addr if cfg.addr.startswith("unix:") else f"{cfg.addr}:{cfg.port}"
-            log.info("smallstalk %s listening on %s (fsync %s%s)", VERSION, where,
+            where = ", ".join(listen.describe(s) for s in sockets)
+            log.info("smallstalk %s listening on %s (fsync %s%s)", __version__, where,
                      cfg.fsync if journal else "n/a, in memory",
                      f", replica of {cfg.replica_of[0]}:{cfg.replica_of[1]}"
                      if cfg.replica_of else "")
@@ -161,9 +210,14 @@ async def serve(cfg: ServeConfig, listen_socket=None) -> None:
                                    compactor.retention(cfg.keep_hours, cfg.keep_bytes), lp)
             if journal is not None and cfg.fsync == FSYNC_INTERVAL:
                 nursery.start_soon(journal.run_interval_sync)
+            if console is not None:
+                await nursery.start(console.serve, lp, cfg)
+            listen.notify("READY=1")  # systemd's Type=notify: recovered, serving
     finally:
         if journal is not None:
             journal.close()
+        if lock is not None:
+            datadir.unlock(lock)
 
 
 async def _signals(scope: trio.CancelScope, lp: MutationLoop, cfg: ServeConfig | None = None,
@@ -181,6 +235,7 @@ async def _signals(scope: trio.CancelScope, lp: MutationLoop, cfg: ServeConfig |
                     reloads.start_soon(_reload, lp, cfg)
                 else:
                     log.info("shutting down")
+                    listen.notify("STOPPING=1")
                     scope.cancel()
                     return
 
@@ -206,38 +261,67 @@ async def _reload(lp: MutationLoop, cfg: ServeConfig | None) -> None:
                     "only on a restart", cfg.config_path, ", ".join(changed))
 
 
+PROMOTE_HELP = """\
+usage: smallstalk promote HOST:PORT
+
+Tell the replica at HOST:PORT to become a primary: it stops following its
+primary and takes writes. Prints the replica's answer; exits 0 on PROMOTED.
+See docs/OPERATIONS.md for the failover runbook.
+"""
+
+
 def promote_command(argv: list[str]) -> int:
     """`smallstalk promote HOST:PORT`: tell a replica to take over."""
-    import socket
-
-    if len(argv) != 1 or ":" not in argv[0]:
-        print("usage: smallstalk promote HOST:PORT", file=sys.stderr)
-        return 2
+    if argv and argv[0] in ("-h", "--help"):
+        print(PROMOTE_HELP, end="")
+        return 0
+    if len(argv) != 1:
+        raise UsageError("promote takes one argument, HOST:PORT")
     host, _, port = argv[0].rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(b"promote\r\n")
-        reply = b""
-        while not reply.endswith(b"\r\n"):
-            chunk = sock.recv(4096)
-            if not chunk:
-                break
-            reply += chunk
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise UsageError(f"promote: not HOST:PORT: {argv[0]}")
+    try:
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(p.render(p.PROMOTE))
+            reply = b""
+            while not reply.endswith(b"\r\n"):
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
+    except OSError as e:
+        print(f"smallstalk promote: {argv[0]}: {e.strerror or e}", file=sys.stderr)
+        return 1
     text = reply.decode(errors="replace").strip()
     print(text)
-    return 0 if text.startswith("PROMOTED") else 1
+    return 0 if reply.strip().startswith(p.PROMOTED_WORD) else 1
 
 
 def _early_socket_fits(argv: list[str], cfg: ServeConfig) -> bool:
-    """Is launch.py's socket, bound from the flags alone, the one `cfg` asks for?
+    """Are launch.py's sockets, bound from the flags alone, the ones `cfg` asks for?
 
     Not when a --config file names another listen address or port.
     """
-    early = listen_address(argv)
+    early = listen.listen_address(argv)
     if early is None:
         return False
     if cfg.addr.startswith("unix:"):
         return early[0] == cfg.addr
     return early == (cfg.addr, cfg.port)
+
+
+def _listen_sockets(argv: list[str], cfg: ServeConfig,
+                    early: list[socket.socket] | None) -> list[socket.socket]:
+    """systemd's sockets, else launch.py's early ones if they fit, else bound now."""
+    passed = listen.systemd_sockets()
+    if early and (passed or not _early_socket_fits(argv, cfg)):
+        for sock in early:
+            sock.close()
+        early = None
+    if passed:
+        log.info("serving the %d socket(s) systemd passed in (-l/-p ignored)", len(passed))
+        return passed
+    return early or listen.bind(cfg.addr, cfg.port)
 
 
 def _setup_logging(verbose: int) -> None:
@@ -246,7 +330,84 @@ def _setup_logging(verbose: int) -> None:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
-def main(argv: list[str] | None = None, listen_socket=None) -> int:
+def serve_command(argv: list[str], early: list[socket.socket] | None = None) -> int:
+    """`smallstalk serve`: bind (or take systemd's sockets), become -u, then recover and serve."""
+    cfg = parse_serve(argv)
+    if isinstance(cfg, str):
+        print(cfg)
+        return 0
+    if (cfg.replica_of or cfg.min_replica_acks) and cfg.data_dir is None:
+        raise UsageError("replication needs a data directory (-b DIR or --data-dir DIR)")
+    if cfg.http is not None:
+        from smallstalk.console import preflight
+
+        why = preflight(cfg.http)
+        if why:
+            print(f"smallstalk: {why}", file=sys.stderr)
+            return 5
+    _setup_logging(cfg.verbose)
+    try:
+        sockets = _listen_sockets(argv, cfg, early)
+        if cfg.user:
+            _drop_privileges(cfg.user)
+        if cfg.data_dir is not None:
+            _check_data_dir(cfg.data_dir)
+        trio.run(serve, cfg, sockets)
+    except KeyboardInterrupt:
+        pass
+    except BaseException as e:  # noqa: B036 -- only known mistakes are caught, bugs re-raised
+        known = _start_error(e, cfg.data_dir)
+        if known is None:
+            raise
+        print(f"smallstalk: {known}", file=sys.stderr)
+        return known.status
+    return 0
+
+
+# A file the server cannot create, open or write: the operator's to fix.
+_FILE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
+                errno.ENOTDIR, errno.EEXIST, errno.EISDIR}
+
+
+def _start_error(e: BaseException, data_dir: Path | None) -> StartError | None:
+    """The one line for an operator's mistake, or None for a bug (a traceback then)."""
+    while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
+        e = e.exceptions[0]
+    if isinstance(e, StartError):
+        return e
+    if isinstance(e, listen.ListenError):
+        return StartError(str(e), EXIT_LISTEN)
+    if isinstance(e, datadir.Locked):
+        return StartError(str(e), datadir.EXIT_LOCKED)
+    if isinstance(e, CorruptionError):
+        return StartError(f"cannot start: {refusal(e, data_dir)}" if data_dir is not None
+                          else f"damaged data directory: {e}")
+    if isinstance(e, OSError) and e.filename is not None and e.errno in _FILE_ERRNOS:
+        hint = (f" (the server runs as {_whoami()}: chown the data directory, or use -u)"
+                if e.errno in (errno.EACCES, errno.EPERM) else "")
+        return StartError(f"{e.filename}: {e.strerror}{hint}")
+    return None
+
+
+def _tool(command: str, argv: list[str]) -> int:
+    import importlib
+
+    module, func = TOOL_COMMANDS[command].split(":")
+    try:
+        return getattr(importlib.import_module(module), func)(argv)
+    except ImportError as e:
+        # PySpark says "PyArrow ... must be installed" without a module name.
+        name = (e.name or "").partition(".")[0] or next(
+            (m for m in EXTRAS if m in str(e).lower()), "")
+        extra = EXTRAS.get(name)
+        if extra is None:
+            raise
+        print(f"smallstalk {command}: needs {name}, which is not installed: "
+              f"install smallstalk[{extra}] (pip install 'smallstalk[{extra}]')", file=sys.stderr)
+        return 1
+
+
+def main(argv: list[str] | None = None, listen_sockets: list[socket.socket] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0].startswith("-") and argv[0] not in ("--help",):
         command, rest = "serve", argv
@@ -254,33 +415,17 @@ def main(argv: list[str] | None = None, listen_socket=None) -> int:
         command, rest = argv[0], argv[1:]
     try:
         if command == "serve":
-            cfg = parse_serve(rest)
-            if isinstance(cfg, str):
-                print(cfg)
-                return 0
-            if (cfg.replica_of or cfg.min_replica_acks) and cfg.data_dir is None:
-                raise UsageError("replication needs a data directory (-b DIR or --data-dir DIR)")
-            if listen_socket is not None and not _early_socket_fits(rest, cfg):
-                listen_socket.close()
-                listen_socket = None
-            _setup_logging(cfg.verbose)
-            try:
-                trio.run(serve, cfg, listen_socket)
-            except KeyboardInterrupt:
-                pass
-            return 0
+            return serve_command(rest, listen_sockets)
         if command in ("help", "--help", "-h"):
             print(MAIN_HELP)
             return 0
         if command == "promote":
             return promote_command(rest)
         if command in TOOL_COMMANDS:
-            import importlib
-
-            module, func = TOOL_COMMANDS[command].split(":")
-            return getattr(importlib.import_module(module), func)(rest)
+            return _tool(command, rest)
         raise UsageError(f"unknown command: {command}")
     except UsageError as e:
-        print(f"smallstalk: {e}\n", file=sys.stderr)
-        print(SERVE_HELP if command == "serve" else MAIN_HELP, file=sys.stderr)
+        known = command == "serve" or command == "promote" or command in TOOL_COMMANDS
+        print(f"smallstalk: {e} (see `smallstalk {command + ' -h' if known else 'help'}`)",
+              file=sys.stderr)
         return 5 if command == "serve" else 2

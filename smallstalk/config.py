@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from smallstalk import __version__
 from smallstalk.core import protocol
 from smallstalk.server.policy import (
     ConfigError,
@@ -25,8 +26,6 @@ from smallstalk.server.policy import (
 )
 from smallstalk.storage.aof import FSYNC_ALWAYS, FSYNC_INTERVAL, FSYNC_NEVER
 
-VERSION = "0.1.0"
-
 SERVE_HELP = """\
 Usage: smallstalk serve [OPTIONS]     (or: smallstalk [beanstalkd flags])
 
@@ -34,25 +33,29 @@ Serve the beanstalkd protocol. Without a data directory jobs live in memory
 only; with one, every acknowledged change is in the append-only file first.
 
 beanstalkd's flags, same meaning:
- -l ADDR   listen on address, or unix:PATH for a Unix socket
-           (default 127.0.0.1; beanstalkd's default is 0.0.0.0)
- -p PORT   listen on port (default 11300)
- -z BYTES  maximum job size in bytes (default 65535, at most 1073741824)
- -b DIR    data directory: turns persistence on (same as --data-dir)
- -f MS     fsync at most every MS milliseconds; -f0 fsyncs before every reply
- -F        never fsync (the kernel writes back when it likes)
- -s BYTES  size at which an AOF segment is closed (same as --segment-bytes)
- -u USER   become this user after opening the listeners
- -V        more log output (repeat for more)
- -v        print the version and exit
- -h        this help
+ -l ADDR, --listen ADDR      listen on address, or unix:PATH for a Unix socket
+                             (default 127.0.0.1; beanstalkd's default is 0.0.0.0)
+ -p PORT, --port PORT        listen on port (default 11300; 0: any free port)
+ -z BYTES, --max-job-size BYTES
+                             largest job body (default 65535, at most 1 GiB)
+ -b DIR, --data-dir DIR      data directory: turns persistence on
+ -f MS                       fsync at most every MS ms; -f0 fsyncs before every reply
+ -F                          never fsync (the kernel writes back when it likes)
+ -s BYTES, --segment-bytes BYTES
+                             close an AOF segment at this size (default 16777216)
+ -u USER                     become this user after opening the listeners, before
+                             reading the data directory (which USER must own)
+ -V                          more log output (repeat for more)
+ -v, --version               print the version and exit
+ -h, --help                  this help
+
+Under systemd socket activation (LISTEN_FDS) the sockets passed in are served
+and -l/-p are ignored; with NOTIFY_SOCKET set, readiness is reported (Type=notify).
 
 smallstalk's own:
- --data-dir DIR          same as -b
  --fsync MODE            always (default: INSERTED means on disk), everysec, never
  --fsync-interval MS     the interval for everysec (default 1000)
  --segment-records N     close a segment after N records (default 100000)
- --segment-bytes BYTES   close a segment at this size (default 16777216)
  --compact-interval SEC  fold closed segments into a snapshot this often (default 10)
  --compact-segments N    ...or as soon as N segments are closed (default 4)
  --no-compact            never compact (the AOF keeps every record)
@@ -75,6 +78,9 @@ Replication (needs a data directory; see the README):
                          (default 0: asynchronous)
  --replica-ack-timeout S how long to wait for those acks before answering
                          NOT_REPLICATED (default 5)
+
+Operator console (needs the extra: pip install smallstalk[console]):
+ --http ADDR:PORT        serve /metrics and the web console there (default: off)
 """
 
 class UsageError(Exception):
@@ -102,6 +108,7 @@ class ServeConfig:
     user: str | None = None
     verbose: int = 0
     max_memory: int = 0  # job-body bytes kept in memory, all tubes together; 0 = unlimited
+    http: tuple[str, int] | None = None  # --http ADDR:PORT: metrics and the web console
     config_path: Path | None = None  # --config FILE (absolute), reread on SIGHUP
     policies: Policies = attrs.Factory(Policies)  # the file's tube tables
     # The file's [server] settings as read at start ({TOML key: value}), to
@@ -119,11 +126,18 @@ def _int(text: str, flag: str) -> int:
     return value
 
 
+def _port_flag(text: str, flag: str) -> int:
+    port = _int(text, flag)
+    if port > 65535:
+        raise UsageError(f"{flag} {text}: a port is 0 to 65535 (0: any free port)")
+    return port
+
+
 LONG_OPTIONS = {
     "--data-dir", "--fsync", "--fsync-interval", "--segment-records", "--segment-bytes",
     "--compact-interval", "--compact-segments", "--keep-segments-hours",
     "--keep-segments-bytes", "--replica-of", "--min-replica-acks", "--replica-ack-timeout",
-    "--listen", "--port", "--max-job-size", "--max-memory", "--config",
+    "--listen", "--port", "--max-job-size", "--max-memory", "--config", "--http",
 }
 
 FSYNC_MODES = {"always": FSYNC_ALWAYS, "everysec": FSYNC_INTERVAL, "never": FSYNC_NEVER}
@@ -148,7 +162,7 @@ def parse_serve(argv: list[str]) -> ServeConfig | str:
                 flags_seen.append((name, ""))
                 continue
             if name == "--version":
-                return f"smallstalk {VERSION}"
+                return f"smallstalk {__version__}"
             if name not in LONG_OPTIONS:
                 raise UsageError(f"unknown option: {arg}")
             if not eq:
@@ -178,7 +192,7 @@ def parse_serve(argv: list[str]) -> ServeConfig | str:
             elif ch in "FV":
                 flags_seen.append((f"-{ch}", ""))
             elif ch == "v":
-                return f"smallstalk {VERSION}"
+                return f"smallstalk {__version__}"
             elif ch == "h":
                 return SERVE_HELP
             elif ch in "cn":
@@ -200,7 +214,7 @@ def _set_short(cfg: ServeConfig, ch: str, value: str) -> None:
     if ch == "l":
         cfg.addr = value
     elif ch == "p":
-        cfg.port = _int(value, "-p")
+        cfg.port = _port_flag(value, "-p")
     elif ch == "z":
         cfg.max_job_size = min(_int(value, "-z"), protocol.MAX_JOB_SIZE_LIMIT)
     elif ch == "b":
@@ -253,9 +267,13 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
     elif name == "--listen":
         cfg.addr = value
     elif name == "--port":
-        cfg.port = _int(value, name)
+        cfg.port = _port_flag(value, name)
     elif name == "--max-job-size":
         cfg.max_job_size = min(_int(value, name), protocol.MAX_JOB_SIZE_LIMIT)
+    elif name == "--http":
+        cfg.http = _host_port(value)
+        if cfg.http is None:
+            raise UsageError("--http takes ADDR:PORT (e.g. 127.0.0.1:11380)")
     elif name == "--max-memory":
         try:
             cfg.max_memory = parse_size(value, name)
@@ -357,6 +375,7 @@ SERVER_KEYS: dict[str, tuple[str, Callable[[object, str], Any]]] = {
     "min-replica-acks": ("min_replica_acks", _count),
     "replica-ack-timeout": ("replica_ack_timeout", _seconds),
     "max-memory": ("max_memory", parse_size),
+    "http": ("http", _replica_of),
 }
 
 def server_settings(doc: Mapping[str, Any], path: Path) -> dict[str, Any]:

@@ -327,6 +327,16 @@ class Model:
         if not children:
             del self.fanout[parent]
 
+    def flush_tube(self, client: str, tube: str) -> int:
+        ids = sorted(j.id for j in self.jobs.values() if j.tube == tube and j.state != "reserved")
+        self._record("flush-tube", client, tube=tube, ids=ids)
+        t = self.tubes[tube]
+        for jid in ids:
+            self._leave(self.jobs.pop(jid))
+            t.jobs -= 1
+        self._maybe_drop(t)
+        return len(ids)
+
     def reserve(self, client: str, jid: int) -> None:
         seq = self._record("reserve", client, id=jid)
         j = self.jobs[jid]
@@ -555,6 +565,10 @@ class Client:
         self.gs._send_cmd(b"delete-tube %b" % tube.encode("ascii"), b"DELETED")
         self.m.delete_tube(self.label, tube)
 
+    def flush_tube(self, tube: str) -> None:
+        n = self.gs._int_cmd(b"flush-tube %b" % tube.encode("ascii"), b"FLUSHED")
+        assert n == self.m.flush_tube(self.label, tube), n
+
     def reserve(self, expect: int, timeout: int | None = None) -> None:
         job = self.gs.reserve(timeout)
         assert job.id == expect, (job.id, expect)
@@ -729,6 +743,11 @@ def session(data_dir: Path, work: Path) -> Model:
     v2.reserve_times_out(1)
     p2.delete(2)
     p2.put("email-7", pri=100)
+    p2.use("junk")  # format 4: flush-tube deletes a tube's unreserved jobs in one record
+    p2.put("junk-1", pri=5)
+    p2.put("junk-2", pri=6, delay=LONG)
+    p2.flush_tube("junk")
+    p2.use("emails")
     check_live(srv, m)
     for c in (p2, w2, v2):  # list-tube-used / list-tubes-watched are not logged
         view = m.view(c.label)

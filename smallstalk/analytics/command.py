@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from smallstalk.usage import Parser
+
 DESCRIPTION = """\
 Job analytics over smallstalk AOF data on Spark: one row per job lifecycle, and
 per tube and minute/hour: throughput, queue-wait and run-time percentiles,
@@ -128,7 +130,7 @@ def brief(e: BaseException) -> str:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="smallstalk analyze", description=DESCRIPTION,
+    ap = Parser(prog="smallstalk analyze", description=DESCRIPTION,
                                  epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("data_dirs", nargs="+", metavar="DATA_DIR")
     ap.add_argument("--out", required=True, help="output folder (local path or URI Spark can write)")

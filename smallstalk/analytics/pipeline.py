@@ -132,7 +132,8 @@ def job_events(records: DataFrame) -> DataFrame:
 
     A put-jobs is a "put" row per job it made (each fanout copy is a job of its
     own) and a "discard" row per job it dropped; an expire is an "expire" row
-    (the job is deleted) or a "move" row (it goes on, ready, in `to_tube`) per job.
+    (the job is deleted) or a "move" row (it goes on, ready, in `to_tube`) per job;
+    a flush-tube is a "delete" row per job it names.
     """
     cols = ["seq", "time", "op", "conn", "tube", "pri", "delay", "ttr", "body_size", "snap"]
     single = records.where(col("op").isin(*JOB_OPS)).select("server", "id", *cols)
@@ -150,8 +151,11 @@ def job_events(records: DataFrame) -> DataFrame:
                .select("server", col("m.id").alias("id"), "seq", "time",
                        F.when(col("m.to") == "", "expire").otherwise("move").alias("op"),
                        F.when(col("m.to") != "", col("m.to")).alias("to_tube")))
+    flushed = (records.where(col("op") == "flush-tube")  # each job it names is deleted
+               .select("server", F.explode("ids").alias("id"), "seq", "time",
+                       F.lit("delete").alias("op"), "conn"))
     out = single
-    for part in (multi, made, dropped, expired):
+    for part in (multi, made, dropped, expired, flushed):
         out = out.unionByName(part, allowMissingColumns=True)
     return out
 

@@ -26,7 +26,7 @@ def duration(ms: float | None) -> str:
     if ms is None or (isinstance(ms, float) and math.isnan(ms)):
         return "-"
     if ms == 0:
-        return "0"
+        return "0ms"
     if ms < 0.1:
         return f"{ms * 1000:.0f}µs"
     if ms < 10:
@@ -303,10 +303,31 @@ def wait_chart(points: list[Row], width: str, prefix: str = "wait",
     return c.svg(legend)
 
 
-def throughput_chart(points: list[Row], width: str) -> str:
+WINDOW_NS = {"minute": 60 * NS, "hour": 3600 * NS}
+
+
+def complete_windows(points: list[Row], width: str, end_ns: int | None) -> list[Row]:
+    """The points without a last window that the data ends inside (a partial
+    window's counts look like a collapse of throughput)."""
+    size = WINDOW_NS.get(width)
+    if not points or size is None or end_ns is None:
+        return points
+    if points[-1]["window_ns"] + size > end_ns + 1:
+        return points[:-1]
+    return points
+
+
+def throughput_chart(points: list[Row], width: str, end_ns: int | None = None) -> str:
+    full = complete_windows(points, width, end_ns)
+    note = ""
+    if len(full) < len(points):
+        note = f"; the last {width}, which the data ends inside, is left out"
+        points = full
+    if not points:
+        return f"<p class='none'>Throughput per {width}: no complete {width} yet</p>"
     t0, t1 = _span(points)
     hi = max(max(p["puts"], p["deletes"], p["reserves"]) for p in points)
-    c = Chart(f"Throughput per {width}", t0, t1, 0, hi)
+    c = Chart(f"Throughput per {width}{note}", t0, t1, 0, hi)
     c.axes()
     legend = []
     for k, color in zip(("puts", "reserves", "deletes"), LINE_COLORS, strict=True):
@@ -317,7 +338,9 @@ def throughput_chart(points: list[Row], width: str) -> str:
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;
-max-width:1100px;color:#1d1d1f;padding:0 16px}
+max-width:1340px;color:#1d1d1f;padding:0 16px}
+.wide{overflow-x:auto;max-width:100%}.wide table{font-size:13px}
+.wide th{white-space:normal;vertical-align:bottom}.wide th,.wide td{padding:3px 5px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:32px 0 8px;border-bottom:1px solid #ddd}
 .meta{color:#666;margin-bottom:16px}
 table{border-collapse:collapse;font-variant-numeric:tabular-nums;margin:8px 0 16px}
@@ -344,6 +367,7 @@ def html_report(result: Row, series: dict[str, list[Row]], width: str,
                 title: str = "smallstalk job analytics", meta: str = "") -> str:
     """A self-contained HTML page: tables, and per tube backlog/wait/throughput charts."""
     tubes = result["tubes"]
+    end_ns = max((s["last_ns"] for s in result["servers"] if s.get("last_ns")), default=None)
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
              f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>",
              f"<h1>{html.escape(title)}</h1><div class='meta'>{html.escape(meta)}</div>",
@@ -352,7 +376,7 @@ def html_report(result: Row, series: dict[str, list[Row]], width: str,
              "release, promote, kick, timeout, disconnect) to its reserve; <b>run</b>: reserve "
              "to delete; <b>res&gt;1</b>: jobs reserved more than once (duplicate work); "
              "<b>peak ready</b>: most jobs waiting at the end of any minute.</p>",
-             _html_table(TUBE_HEADERS, tube_rows(tubes)),
+             "<div class='wide'>", _html_table(TUBE_HEADERS, tube_rows(tubes)), "</div>",
              "<h2>Servers</h2>", _html_table(SERVER_HEADERS, server_rows(result["servers"]))]
     if result.get("orphan_jobs"):
         parts.append(f"<p>{result['orphan_jobs']:,} jobs have neither their put nor a snapshot "
@@ -379,6 +403,6 @@ def html_report(result: Row, series: dict[str, list[Row]], width: str,
         parts.append(backlog_chart(pts, width))
         parts.append(wait_chart(pts, width))
         parts.append(wait_chart(pts, width, "run", "Run time, reserve to delete"))
-        parts.append(throughput_chart(pts, width))
+        parts.append(throughput_chart(pts, width, end_ns))
     parts.append("</body></html>")
     return "\n".join(parts)

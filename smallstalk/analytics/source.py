@@ -48,11 +48,20 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.types import StructType
+
+try:
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+    from pyspark.sql.types import StructType
+except ImportError:  # planning and reading need pyarrow only; the data source classes need Spark
+    DataSource = DataSourceReader = StructType = object
+
+    class InputPartition:  # what FilesPartition uses of Spark's
+        def __init__(self, value: Any) -> None:
+            self.value = value
+
 
 from smallstalk.core import records
-from smallstalk.storage import aof, snapshot
+from smallstalk.storage import aof, datadir, snapshot
 
 NAME = "smallstalk"
 JOB_STATES = ("ready", "delayed", "reserved", "buried")
@@ -202,11 +211,12 @@ def list_files(path: str) -> tuple[list[tuple[int, str, int]], tuple[int, str, i
                 found.append((int(stem), _join(_join(prefix, sub), i.base_name), i.size or 0))
         return sorted(found)
 
-    segments = numbered("aof", "aof")
-    snaps = numbered("snapshots", "snap")
+    # datadir's names, on any pyarrow file system
+    segments = numbered(datadir.AOF, datadir.SEGMENT_SUFFIX[1:])
+    snaps = numbered(datadir.SNAPSHOTS, datadir.SNAPSHOT_SUFFIX[1:])
     if not segments and not snaps and not any(
             fs.get_file_info(_join(inner, d)).type == pafs.FileType.Directory
-            for d in ("aof", "snapshots")):
+            for d in (datadir.AOF, datadir.SNAPSHOTS)):
         raise FileNotFoundError(f"{path}: not a smallstalk data directory (no aof/ or snapshots/)")
     return segments, (snaps[-1] if snaps else None)
 

@@ -1,771 +1,230 @@
-"""The beanstalkd text protocol as a pure state machine over bytes (no sockets, no trio).
-
-Theory of operation (in the manner of h11): a `Parser` is fed whatever bytes a
-socket produced (`feed`) and hands back complete events (`events`): a command
-object, or an `ErrorReply` carrying the exact bytes beanstalkd would answer for
-malformed input. The rest of the module renders replies to bytes.
-
-Rules kept here, taken from beanstalkd 1.12 (prot.c) and checked against the
-real server:
-
-- A command line ends with CRLF and is at most 224 bytes including it. A longer
-  line is discarded in 224-byte windows up to its CRLF and answered BAD_FORMAT;
-  the connection then goes on. Like beanstalkd, only the first CR of a window
-  counts: a CR not followed by LF hides any line end after it in that window.
-- Command names match by prefix in beanstalkd's order ("quitx" quits,
-  "statsx" is BAD_FORMAT, "put" without a space is UNKNOWN_COMMAND).
-- Integers are unsigned decimal; leading spaces are skipped; a value past
-  2**32-1 (2**64-1 for ids) is BAD_FORMAT.
-- `put` reads exactly <bytes>+2 body bytes, which must end in CRLF
-  (EXPECTED_CRLF otherwise). A body larger than the job size limit is skipped
-  without being buffered and answered JOB_TOO_BIG.
-
-Memory is bounded: the parser holds at most one line (224 bytes) or one body
-(max job size + 2) of unparsed input.
+"""The protocol's one public face: the commands (commands.py), the replies (replies.py)
+and the parser (parser.py), so that callers write `protocol.Put`, `protocol.NOT_FOUND`,
+`protocol.Parser`. It defines nothing itself; see docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterable
-
-import attrs
-
-LINE_MAX = 224  # bytes, including CRLF (beanstalkd's LINE_BUF_SIZE)
-TUBE_NAME_MAX = 200
-DEFAULT_MAX_JOB_SIZE = 65535
-MAX_JOB_SIZE_LIMIT = 1073741824  # beanstalkd's JOB_DATA_SIZE_LIMIT_MAX
-U32_MAX = 2**32 - 1
-U64_MAX = 2**64 - 1
-URGENT_THRESHOLD = 1024
-
-NAME_CHARS = frozenset(
-    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-+/;.$_()"
+from smallstalk.core.commands import (
+    CONFIG,
+    LIST_JOBS_MAX,
+    LIST_JOBS_STATES,
+    LIST_TUBE_USED,
+    LIST_TUBES,
+    LIST_TUBES_WATCHED,
+    PEEK_BURIED,
+    PEEK_DELAYED,
+    PEEK_READY,
+    PROMOTE,
+    QUIT,
+    RELOAD_CONFIG,
+    RESERVE,
+    STATS,
+    Auth,
+    Bury,
+    Command,
+    ConfigDump,
+    Delete,
+    DeleteTube,
+    ErrorReply,
+    Event,
+    FlushTube,
+    Ignore,
+    Kick,
+    KickJob,
+    ListJobs,
+    ListTubes,
+    ListTubesWatched,
+    ListTubeUsed,
+    PauseTube,
+    Peek,
+    PeekBuried,
+    PeekDelayed,
+    PeekReady,
+    PromoteReplica,
+    Put,
+    Quit,
+    Release,
+    ReloadConfig,
+    ReplicaAck,
+    Replicate,
+    Reserve,
+    ReserveJob,
+    Stats,
+    StatsJob,
+    StatsTube,
+    Touch,
+    Use,
+    Watch,
+    render,
+)
+from smallstalk.core.parser import (
+    DEFAULT_MAX_JOB_SIZE,
+    LINE_MAX,
+    MAX_JOB_SIZE_LIMIT,
+    NAME_CHARS,
+    TUBE_NAME_MAX,
+    U32_MAX,
+    U64_MAX,
+    Parser,
+    parse_line,
+    valid_tube_name,
+)
+from smallstalk.core.replies import (
+    BAD_FORMAT,
+    BURIED,
+    DEADLINE_SOON,
+    DELETED,
+    DRAINING,
+    EXPECTED_CRLF,
+    FOUND_WORD,
+    FULLRESYNC_WORD,
+    INTERNAL_ERROR,
+    JOB_TOO_BIG,
+    KICKED,
+    NOT_A_REPLICA,
+    NOT_FOUND,
+    NOT_IGNORED,
+    NOT_REPLICATED,
+    OK,
+    OK_WORD,
+    OUT_OF_MEMORY,
+    PAUSED,
+    PROMOTED_WORD,
+    READ_ONLY,
+    RELEASED,
+    RELOADED,
+    REPLICATING_WORD,
+    RESERVED_WORD,
+    TIMED_OUT,
+    TOUCHED,
+    UNAUTHORIZED,
+    UNKNOWN_COMMAND,
+    buried_id,
+    flushed,
+    found,
+    fullresync,
+    inserted,
+    job_reply,
+    kicked,
+    not_reloaded,
+    ok_yaml,
+    promoted,
+    refused,
+    replicating,
+    reserved,
+    using,
+    watching,
+    yaml_dict,
+    yaml_list,
 )
 
-
-# --- commands --------------------------------------------------------------
-
-
-@attrs.frozen(slots=True)
-class Put:
-    pri: int
-    delay: int  # seconds
-    ttr: int  # seconds, at least 1
-    body: bytes
-    # smallstalk's extension: `put <pri> <delay> <ttr> <bytes> <max-age>`, seconds
-    # until the job expires (0 = only the tube's max-age applies).
-    max_age: int = 0
-
-
-@attrs.frozen(slots=True)
-class Reserve:
-    timeout: int | None  # seconds; None blocks without limit
-
-
-@attrs.frozen(slots=True)
-class ReserveJob:
-    id: int
-
-
-@attrs.frozen(slots=True)
-class Delete:
-    id: int
-
-
-@attrs.frozen(slots=True)
-class Release:
-    id: int
-    pri: int
-    delay: int
-
-
-@attrs.frozen(slots=True)
-class Bury:
-    id: int
-    pri: int
-
-
-@attrs.frozen(slots=True)
-class Touch:
-    id: int
-
-
-@attrs.frozen(slots=True)
-class Use:
-    tube: str
-
-
-@attrs.frozen(slots=True)
-class Watch:
-    tube: str
-
-
-@attrs.frozen(slots=True)
-class Ignore:
-    tube: str
-
-
-@attrs.frozen(slots=True)
-class Peek:
-    id: int
-
-
-@attrs.frozen(slots=True)
-class PeekReady:
-    pass
-
-
-@attrs.frozen(slots=True)
-class PeekDelayed:
-    pass
-
-
-@attrs.frozen(slots=True)
-class PeekBuried:
-    pass
-
-
-@attrs.frozen(slots=True)
-class Kick:
-    bound: int
-
-
-@attrs.frozen(slots=True)
-class KickJob:
-    id: int
-
-
-@attrs.frozen(slots=True)
-class StatsJob:
-    id: int
-
-
-@attrs.frozen(slots=True)
-class StatsTube:
-    tube: str
-
-
-@attrs.frozen(slots=True)
-class Stats:
-    pass
-
-
-@attrs.frozen(slots=True)
-class ListTubes:
-    pass
-
-
-@attrs.frozen(slots=True)
-class ListTubeUsed:
-    pass
-
-
-@attrs.frozen(slots=True)
-class ListTubesWatched:
-    pass
-
-
-@attrs.frozen(slots=True)
-class PauseTube:
-    tube: str
-    delay: int
-
-
-@attrs.frozen(slots=True)
-class Quit:
-    pass
-
-
-# smallstalk's own commands (beanstalkd answers them UNKNOWN_COMMAND).
-
-
-@attrs.frozen(slots=True)
-class Replicate:
-    """`replicate <epoch> <history|-> <after seq>`: become a replication feed."""
-
-    epoch: int
-    history: str
-    after: int
-
-
-@attrs.frozen(slots=True)
-class ReplicaAck:
-    """`replica-ack <seq>`: a replica has everything up to seq on its disk."""
-
-    seq: int
-
-
-@attrs.frozen(slots=True)
-class PromoteReplica:
-    """`promote`: a replica stops following and accepts writes."""
-
-
-@attrs.frozen(slots=True)
-class DeleteTube:
-    """`delete-tube <parent+child>`: stop copying puts into a fanout tube."""
-
-    tube: str
-
-
-@attrs.frozen(slots=True)
-class ConfigDump:
-    """`config`: the effective per-tube settings, as YAML."""
-
-
-@attrs.frozen(slots=True)
-class ReloadConfig:
-    """`reload-config`: re-read the per-tube settings from the --config file."""
-
-
-@attrs.frozen(slots=True)
-class ErrorReply:
-    """Malformed input: answer `reply` and go on with the next command.
-
-    `counted_as` names the command whose counter beanstalkd still bumps
-    (a put whose body is too big counts as a put).
-    """
-
-    reply: bytes
-    counted_as: type | None = None
-
-
-Command = (
-    Put | Reserve | ReserveJob | Delete | Release | Bury | Touch | Use | Watch | Ignore | Peek
-    | PeekReady | PeekDelayed | PeekBuried | Kick | KickJob | StatsJob | StatsTube | Stats
-    | ListTubes | ListTubeUsed | ListTubesWatched | PauseTube | Quit | Replicate | ReplicaAck
-    | PromoteReplica | DeleteTube | ConfigDump | ReloadConfig
-)
-Event = Command | ErrorReply
-
-# Argument-less commands are immutable, so one instance each will do.
-PEEK_READY, PEEK_DELAYED, PEEK_BURIED = PeekReady(), PeekDelayed(), PeekBuried()
-STATS, LIST_TUBES, LIST_TUBE_USED, LIST_TUBES_WATCHED = (
-    Stats(), ListTubes(), ListTubeUsed(), ListTubesWatched())
-QUIT, RESERVE, PROMOTE = Quit(), Reserve(None), PromoteReplica()
-CONFIG, RELOAD_CONFIG = ConfigDump(), ReloadConfig()
-
-
-# --- replies ---------------------------------------------------------------
-
-BAD_FORMAT = b"BAD_FORMAT\r\n"
-UNKNOWN_COMMAND = b"UNKNOWN_COMMAND\r\n"
-EXPECTED_CRLF = b"EXPECTED_CRLF\r\n"
-JOB_TOO_BIG = b"JOB_TOO_BIG\r\n"
-OUT_OF_MEMORY = b"OUT_OF_MEMORY\r\n"
-INTERNAL_ERROR = b"INTERNAL_ERROR\r\n"
-DRAINING = b"DRAINING\r\n"
-NOT_FOUND = b"NOT_FOUND\r\n"
-DELETED = b"DELETED\r\n"
-RELEASED = b"RELEASED\r\n"
-BURIED = b"BURIED\r\n"
-KICKED = b"KICKED\r\n"
-TOUCHED = b"TOUCHED\r\n"
-PAUSED = b"PAUSED\r\n"
-NOT_IGNORED = b"NOT_IGNORED\r\n"
-TIMED_OUT = b"TIMED_OUT\r\n"
-DEADLINE_SOON = b"DEADLINE_SOON\r\n"
-# smallstalk's own replies
-READ_ONLY = b"READ_ONLY\r\n"  # a replica refuses changes
-NOT_REPLICATED = b"NOT_REPLICATED\r\n"  # --min-replica-acks: no replica confirmed in time
-
-
-def inserted(job_id: int) -> bytes:
-    return b"INSERTED %d\r\n" % job_id
-
-
-def buried_id(job_id: int) -> bytes:
-    return b"BURIED %d\r\n" % job_id
-
-
-def job_reply(word: bytes, job_id: int, body: bytes) -> bytes:
-    """RESERVED or FOUND: a line and the body."""
-    return b"%s %d %d\r\n%s\r\n" % (word, job_id, len(body), body)
-
-
-def kicked(count: int) -> bytes:
-    return b"KICKED %d\r\n" % count
-
-
-def using(tube: str) -> bytes:
-    return b"USING %s\r\n" % tube.encode()
-
-
-def watching(count: int) -> bytes:
-    return b"WATCHING %d\r\n" % count
-
-
-def ok_yaml(body: bytes) -> bytes:
-    return b"OK %d\r\n%s\r\n" % (len(body), body)
-
-
-def yaml_list(names: Iterable[str]) -> bytes:
-    return ok_yaml(b"---\n" + b"".join(b"- %s\n" % n.encode() for n in names))
-
-
-def yaml_dict(pairs: Iterable[tuple[str, object]]) -> bytes:
-    """beanstalkd's stats YAML: strings quoted, numbers and flags bare.
-
-    Values that are already `bytes` are written as they are (for the few keys
-    beanstalkd prints bare although they are words, like `state: ready`).
-    """
-    out = [b"---\n"]
-    for key, value in pairs:
-        if isinstance(value, bytes):
-            text = value
-        elif isinstance(value, str):
-            text = b'"%s"' % value.encode()
-        elif isinstance(value, bool):
-            text = b"true" if value else b"false"
-        else:
-            text = str(value).encode()
-        out.append(b"%s: %s\n" % (key.encode(), text))
-    return ok_yaml(b"".join(out))
-
-
-# --- parsing ---------------------------------------------------------------
-
-
-def valid_tube_name(name: bytes) -> bool:
-    return (
-        0 < len(name) <= TUBE_NAME_MAX
-        and name[0] != 0x2D  # '-'
-        and all(c in NAME_CHARS for c in name)
-    )
-
-
-class _Bad(Exception):
-    pass
-
-
-class _BadCounted(_Bad):
-    """BAD_FORMAT, but beanstalkd has already counted the command."""
-
-    def __init__(self, counted_as: type):
-        self.counted_as = counted_as
-
-
-_UINT = re.compile(rb" *([0-9]+)")
-_PUT = re.compile(rb"put +([0-9]+) +([0-9]+) +([0-9]+) +([0-9]+)")
-_MAX_AGE = re.compile(rb" +([0-9]+)")
-# The everyday put, whole line and CRLF, matched in the input buffer itself:
-# digits and single spaces hold no CR, so beanstalkd's line rules agree when
-# the line fits its window. Anything else takes the general path.
-_PUT_LINE = re.compile(rb"put ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1,10})\r\n")
-
-
-def _read_uint(line: bytes, pos: int, limit: int, to_end: bool) -> tuple[int, int]:
-    """beanstalkd's read_u32/read_u64: skip spaces, digits, bounded value."""
-    m = _UINT.match(line, pos)
-    if m is None:
-        raise _Bad
-    end = m.end()
-    if to_end and end != len(line):
-        raise _Bad
-    value = int(m.group(1))
-    if value > limit:
-        raise _Bad
-    return value, end
-
-
-def _strtoul_u32(text: bytes) -> int:
-    """`kick`'s bound as beanstalkd reads it: C strtoul, then cast to uint32."""
-    s = text.lstrip(b" \t\n\v\f\r")
-    neg = False
-    if s[:1] in (b"+", b"-"):
-        neg = s[:1] == b"-"
-        s = s[1:]
-    digits = len(s) - len(s.lstrip(b"0123456789"))
-    if digits == 0:
-        raise _Bad
-    value = int(s[:digits])
-    if value > U64_MAX:
-        raise _Bad  # ERANGE
-    if neg:
-        value = (-value) % 2**64
-    return value & U32_MAX
-
-
-def _tube(rest: bytes) -> str:
-    if not valid_tube_name(rest):
-        raise _Bad
-    return rest.decode("ascii")
-
-
-# Parsers for commands whose name is followed by a space and arguments.
-def _p_peek(rest: bytes) -> Command:
-    return Peek(_read_uint(rest, 0, U64_MAX, True)[0])
-
-
-def _p_reserve_timeout(rest: bytes) -> Command:
-    """beanstalkd 1.12 reads the timeout with strtol and keeps it in an int.
-
-    So junk reads as 0, values wrap to 32 bits, and a negative result means
-    no timeout at all; only a value past the range of a long is BAD_FORMAT.
-    """
-    s = rest.lstrip(b" \t\n\v\f\r")
-    neg = s[:1] == b"-"
-    if s[:1] in (b"+", b"-"):
-        s = s[1:]
-    digits = len(s) - len(s.lstrip(b"0123456789"))
-    value = int(s[:digits]) if digits else 0
-    if neg:
-        value = -value
-    if not -(2**63) <= value <= 2**63 - 1:
-        raise _Bad  # ERANGE
-    value &= 0xFFFFFFFF
-    if value >= 2**31:
-        return RESERVE  # negative as an int: wait without a timeout
-    return Reserve(value)
-
-
-def _p_reserve_job(rest: bytes) -> Command:
-    return ReserveJob(_read_uint(rest, 0, U64_MAX, True)[0])
-
-
-def _p_delete(rest: bytes) -> Command:
-    return Delete(_read_uint(rest, 0, U64_MAX, True)[0])
-
-
-def _p_release(rest: bytes) -> Command:
-    job_id, pos = _read_uint(rest, 0, U64_MAX, False)
-    pri, pos = _read_uint(rest, pos, U32_MAX, False)
-    delay, _ = _read_uint(rest, pos, U32_MAX, True)
-    return Release(job_id, pri, delay)
-
-
-def _p_bury(rest: bytes) -> Command:
-    job_id, pos = _read_uint(rest, 0, U64_MAX, False)
-    pri, _ = _read_uint(rest, pos, U32_MAX, True)
-    return Bury(job_id, pri)
-
-
-def _p_kick(rest: bytes) -> Command:
-    return Kick(_strtoul_u32(rest))
-
-
-def _p_kick_job(rest: bytes) -> Command:
-    return KickJob(_read_uint(rest, 0, U64_MAX, True)[0])
-
-
-def _p_touch(rest: bytes) -> Command:
-    return Touch(_read_uint(rest, 0, U64_MAX, True)[0])
-
-
-def _p_stats_job(rest: bytes) -> Command:
-    return StatsJob(_read_uint(rest, 0, U64_MAX, True)[0])
-
-
-def _p_pause_tube(rest: bytes) -> Command:
-    pos, n = 0, len(rest)
-    while pos < n and rest[pos] == 0x20:
-        pos += 1
-    start = pos
-    while pos < n and rest[pos] in NAME_CHARS:
-        pos += 1
-    if pos == start:
-        raise _Bad
-    delay, _ = _read_uint(rest, pos, U32_MAX, True)
-    name = rest[start:pos]
-    if not valid_tube_name(name):
-        raise _BadCounted(PauseTube)
-    return PauseTube(name.decode("ascii"), delay)
-
-
-def _p_replicate(rest: bytes) -> Command:
-    parts = rest.split(b" ")
-    if len(parts) != 3 or not parts[0].isdigit() or not parts[2].isdigit():
-        raise _Bad
-    history = parts[1].decode("ascii", "replace")
-    return Replicate(int(parts[0]), "" if history == "-" else history, int(parts[2]))
-
-
-# (prefix, parser or constant), in beanstalkd's matching order. Entries whose
-# prefix carries no trailing space must match the whole line exactly.
-_TABLE: list[tuple[bytes, object]] = [
-    (b"peek ", _p_peek),
-    (b"peek-ready", PEEK_READY),
-    (b"peek-delayed", PEEK_DELAYED),
-    (b"peek-buried", PEEK_BURIED),
-    (b"reserve-with-timeout ", _p_reserve_timeout),
-    (b"reserve-job ", _p_reserve_job),
-    (b"reserve", RESERVE),
-    (b"delete ", _p_delete),
-    (b"release ", _p_release),
-    (b"bury ", _p_bury),
-    (b"kick ", _p_kick),
-    (b"kick-job ", _p_kick_job),
-    (b"touch ", _p_touch),
-    (b"stats-job ", _p_stats_job),
-    (b"stats-tube ", lambda rest: StatsTube(_tube(rest))),
-    (b"stats", STATS),
-    (b"use ", lambda rest: Use(_tube(rest))),
-    (b"watch ", lambda rest: Watch(_tube(rest))),
-    (b"ignore ", lambda rest: Ignore(_tube(rest))),
-    (b"list-tubes-watched", LIST_TUBES_WATCHED),
-    (b"list-tube-used", LIST_TUBE_USED),
-    (b"list-tubes", LIST_TUBES),
+__all__ = [
+    "BAD_FORMAT",
+    "BURIED",
+    "Bury",
+    "CONFIG",
+    "Auth",
+    "FlushTube",
+    "LIST_JOBS_MAX",
+    "LIST_JOBS_STATES",
+    "ListJobs",
+    "Command",
+    "ConfigDump",
+    "DEADLINE_SOON",
+    "DEFAULT_MAX_JOB_SIZE",
+    "DELETED",
+    "DRAINING",
+    "Delete",
+    "DeleteTube",
+    "EXPECTED_CRLF",
+    "ErrorReply",
+    "Event",
+    "FOUND_WORD",
+    "FULLRESYNC_WORD",
+    "INTERNAL_ERROR",
+    "Ignore",
+    "JOB_TOO_BIG",
+    "KICKED",
+    "Kick",
+    "KickJob",
+    "LINE_MAX",
+    "LIST_TUBES",
+    "LIST_TUBES_WATCHED",
+    "LIST_TUBE_USED",
+    "ListTubeUsed",
+    "ListTubes",
+    "ListTubesWatched",
+    "MAX_JOB_SIZE_LIMIT",
+    "NAME_CHARS",
+    "NOT_A_REPLICA",
+    "NOT_FOUND",
+    "NOT_IGNORED",
+    "NOT_REPLICATED",
+    "OK",
+    "OK_WORD",
+    "OUT_OF_MEMORY",
+    "PAUSED",
+    "PEEK_BURIED",
+    "PEEK_DELAYED",
+    "PEEK_READY",
+    "PROMOTE",
+    "PROMOTED_WORD",
+    "Parser",
+    "PauseTube",
+    "Peek",
+    "PeekBuried",
+    "PeekDelayed",
+    "PeekReady",
+    "PromoteReplica",
+    "Put",
+    "QUIT",
+    "Quit",
+    "READ_ONLY",
+    "RELEASED",
+    "RELOADED",
+    "RELOAD_CONFIG",
+    "REPLICATING_WORD",
+    "RESERVE",
+    "RESERVED_WORD",
+    "Release",
+    "ReloadConfig",
+    "ReplicaAck",
+    "Replicate",
+    "Reserve",
+    "ReserveJob",
+    "STATS",
+    "Stats",
+    "StatsJob",
+    "StatsTube",
+    "TIMED_OUT",
+    "TOUCHED",
+    "TUBE_NAME_MAX",
+    "Touch",
+    "U32_MAX",
+    "U64_MAX",
+    "UNAUTHORIZED",
+    "UNKNOWN_COMMAND",
+    "Use",
+    "Watch",
+    "buried_id",
+    "flushed",
+    "found",
+    "fullresync",
+    "inserted",
+    "job_reply",
+    "kicked",
+    "not_reloaded",
+    "ok_yaml",
+    "parse_line",
+    "promoted",
+    "refused",
+    "render",
+    "replicating",
+    "reserved",
+    "using",
+    "valid_tube_name",
+    "watching",
+    "yaml_dict",
+    "yaml_list",
 ]
-# Exact-match fast path for the argument-less commands.
-_EXACT = {prefix: cmd for prefix, cmd in _TABLE if not callable(cmd)}
-
-
-@attrs.frozen(slots=True)
-class _PutHeader:
-    pri: int
-    delay: int
-    ttr: int
-    size: int
-    max_age: int = 0
-
-
-_ID, _U32 = rb"([0-9]{1,18})", rb"([0-9]{1,9})"  # digits that cannot pass the bound
-# A worker's everyday commands in their plain form (one space between plain
-# digits that cannot overflow): exactly what `_TABLE`'s parsers make of such
-# lines, without trying every prefix first (tests/test_protocol.py holds the
-# two to the same result).
-_PLAIN_ARGS: dict[bytes, tuple[re.Pattern, Callable]] = {
-    b"delete": (re.compile(_ID), lambda i: Delete(int(i))),
-    b"reserve-with-timeout": (re.compile(_U32), lambda t: Reserve(int(t))),
-    b"release": (re.compile(_ID + b" " + _U32 + b" " + _U32),
-                 lambda i, pri, delay: Release(int(i), int(pri), int(delay))),
-    b"bury": (re.compile(_ID + b" " + _U32), lambda i, pri: Bury(int(i), int(pri))),
-    b"touch": (re.compile(_ID), lambda i: Touch(int(i))),
-}
-
-
-def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHeader:
-    """One command line (without CRLF) to a command, an error, or a put header."""
-    exact = _EXACT.get(line)
-    if exact is not None:
-        return exact
-    word, space, rest = line.partition(b" ")
-    plain = _PLAIN_ARGS.get(word) if space else None
-    if plain is not None:
-        m = plain[0].fullmatch(rest)
-        if m is not None:
-            return plain[1](*m.groups())
-    if 0 in line:
-        return ErrorReply(BAD_FORMAT)
-    m = _PUT.fullmatch(line)
-    if m is not None:  # the common put, without trailing oddities
-        pri, delay, ttr, size = map(int, m.groups())
-        if pri <= U32_MAX and delay <= U32_MAX and ttr <= U32_MAX and size <= U32_MAX:
-            if size > max_job_size:
-                return _PutHeader(pri, delay, ttr, -size)
-            return _PutHeader(pri, delay, max(ttr, 1), size)
-    try:
-        if line.startswith(b"put "):
-            pri, pos = _read_uint(line, 4, U32_MAX, False)
-            delay, pos = _read_uint(line, pos, U32_MAX, False)
-            ttr, pos = _read_uint(line, pos, U32_MAX, False)
-            size, pos = _read_uint(line, pos, U32_MAX, False)
-            if size > max_job_size:
-                return _PutHeader(pri, delay, ttr, -size)  # skip the body
-            max_age = 0
-            if pos != len(line):
-                # smallstalk's fifth argument: the job's max age in seconds.
-                m = _MAX_AGE.fullmatch(line, pos)
-                if m is None:
-                    return ErrorReply(BAD_FORMAT, Put)
-                max_age = int(m.group(1))
-                if max_age > U32_MAX:
-                    return ErrorReply(BAD_FORMAT, Put)
-            return _PutHeader(pri, delay, max(ttr, 1), size, max_age)
-        for prefix, what in _TABLE:
-            if line.startswith(prefix):
-                if callable(what):
-                    return what(line[len(prefix):])
-                return ErrorReply(BAD_FORMAT)  # trailing garbage after a bare command
-        if line.startswith(b"quit"):
-            return QUIT
-        if line.startswith(b"pause-tube"):
-            return _p_pause_tube(line[len(b"pause-tube"):])
-        if line.startswith(b"replicate "):
-            return _p_replicate(line[len(b"replicate "):])
-        if line.startswith(b"replica-ack "):
-            return ReplicaAck(_read_uint(line, len(b"replica-ack "), U64_MAX, True)[0])
-        if line == b"promote":
-            return PROMOTE
-        if line.startswith(b"delete-tube "):
-            return DeleteTube(_tube(line[len(b"delete-tube "):]))
-        if line == b"config":
-            return CONFIG
-        if line == b"reload-config":
-            return RELOAD_CONFIG
-    except _BadCounted as e:
-        return ErrorReply(BAD_FORMAT, e.counted_as)
-    except _Bad:
-        return ErrorReply(BAD_FORMAT)
-    return ErrorReply(UNKNOWN_COMMAND)
-
-
-_LINE, _BODY, _SKIP, _DISCARD = range(4)
-
-
-class Parser:
-    """Incremental parser for one connection's input stream.
-
-    `feed(data)` then `events()` returns every complete event so far, in order.
-    """
-
-    __slots__ = ("_buf", "_mode", "_put", "_skip", "max_job_size")
-
-    def __init__(self, max_job_size: int = DEFAULT_MAX_JOB_SIZE) -> None:
-        self.max_job_size = max_job_size
-        self._buf = bytearray()
-        self._mode = _LINE
-        self._put: _PutHeader | None = None
-        self._skip = 0  # body bytes still to throw away in _SKIP mode
-
-    def buffered(self) -> int:
-        """Bytes held that do not yet form a complete event."""
-        return len(self._buf)
-
-    @staticmethod
-    def _line_end(buf: bytearray, pos: int, n: int) -> int | None:
-        """Where the line at `pos` ends (index of its CRLF), as beanstalkd finds it.
-
-        beanstalkd reads a line into a 224-byte buffer and looks only at the
-        first CR in it, not counting the buffer's last byte: a first CR not
-        followed by LF means no line in this window. Returns None to wait for
-        more input, or -1 when a full window holds no line (it is discarded).
-        """
-        w = min(n - pos, LINE_MAX)
-        cr = buf.find(b"\r", pos, pos + w - 1)
-        if cr >= 0 and buf[cr + 1] == 0x0A:
-            return cr
-        return -1 if w == LINE_MAX else None
-
-    def feed(self, data: bytes) -> None:
-        if self._mode == _SKIP and not self._buf:
-            # Throw away an oversized body without ever holding it.
-            take = min(self._skip, len(data))
-            self._skip -= take
-            data = data[take:]
-        self._buf += data
-
-    def events(self) -> list[Event]:
-        out: list[Event] = []
-        buf = self._buf
-        pos = 0
-        n = len(buf)
-        put_line = _PUT_LINE.match
-        max_size = self.max_job_size
-        while True:
-            mode = self._mode
-            if mode == _LINE:
-                m = put_line(buf, pos)
-                if m is not None:
-                    stop = m.end()
-                    pri, delay, ttr, size = map(int, m.groups())
-                    if (stop - pos <= LINE_MAX and size <= max_size and pri <= U32_MAX
-                            and delay <= U32_MAX and ttr <= U32_MAX
-                            and n - stop >= size + 2 and buf[stop + size:stop + size + 2] == b"\r\n"):
-                        out.append(Put(pri, delay, ttr or 1, bytes(buf[stop:stop + size])))
-                        pos = stop + size + 2
-                        continue
-            if mode == _LINE or mode == _DISCARD:
-                end = self._line_end(buf, pos, n)
-                if end is None:
-                    break  # wait for more bytes
-                if end < 0:  # a full window and no line: drop it, keep dropping
-                    pos += LINE_MAX
-                    self._mode = _DISCARD
-                    continue
-                if mode == _DISCARD:
-                    pos = end + 2
-                    self._mode = _LINE
-                    out.append(ErrorReply(BAD_FORMAT))
-                    continue
-                line = bytes(buf[pos:end])
-                pos = end + 2
-                ev = parse_line(line, self.max_job_size)
-                if type(ev) is _PutHeader:
-                    if ev.size < 0:
-                        self._mode = _SKIP
-                        self._skip = -ev.size + 2
-                        self._put = None
-                    else:
-                        self._mode = _BODY
-                        self._put = ev
-                    continue
-                out.append(ev)
-                if ev is QUIT:
-                    pos = n  # nothing after quit matters
-                    break
-            elif mode == _BODY:
-                put = self._put
-                need = put.size + 2
-                if n - pos < need:
-                    break
-                body = bytes(buf[pos:pos + put.size])
-                trailer = buf[pos + put.size:pos + need]
-                pos += need
-                self._mode = _LINE
-                self._put = None
-                if trailer != b"\r\n":
-                    out.append(ErrorReply(EXPECTED_CRLF, Put))
-                else:
-                    out.append(Put(put.pri, put.delay, put.ttr, body, put.max_age))
-            elif mode == _SKIP:
-                take = min(self._skip, n - pos)
-                pos += take
-                self._skip -= take
-                if self._skip:
-                    break
-                self._mode = _LINE
-                out.append(ErrorReply(JOB_TOO_BIG, Put))
-        if pos:
-            del buf[:pos]
-        return out
-
-
-def render(cmd: Command) -> bytes:
-    """A command as a client sends it (the inverse of parsing)."""
-    t = type(cmd)
-    if t is Put:
-        age = b" %d" % cmd.max_age if cmd.max_age else b""
-        return b"put %d %d %d %d%s\r\n%s\r\n" % (
-            cmd.pri, cmd.delay, cmd.ttr, len(cmd.body), age, cmd.body)
-    if t is Reserve:
-        if cmd.timeout is None:
-            return b"reserve\r\n"
-        return b"reserve-with-timeout %d\r\n" % cmd.timeout
-    if t is Release:
-        return b"release %d %d %d\r\n" % (cmd.id, cmd.pri, cmd.delay)
-    if t is Bury:
-        return b"bury %d %d\r\n" % (cmd.id, cmd.pri)
-    if t is PauseTube:
-        return b"pause-tube %s %d\r\n" % (cmd.tube.encode(), cmd.delay)
-    if t is Kick:
-        return b"kick %d\r\n" % cmd.bound
-    if t is Replicate:
-        return b"replicate %d %s %d\r\n" % (cmd.epoch, (cmd.history or "-").encode(), cmd.after)
-    if t is ReplicaAck:
-        return b"replica-ack %d\r\n" % cmd.seq
-    if t is PromoteReplica:
-        return b"promote\r\n"
-    if t is DeleteTube:
-        return b"delete-tube %s\r\n" % cmd.tube.encode()
-    if t is ConfigDump:
-        return b"config\r\n"
-    if t is ReloadConfig:
-        return b"reload-config\r\n"
-    name = _NAMES[t]
-    if t in _ID_COMMANDS:
-        return b"%s %d\r\n" % (name, cmd.id)
-    if t in (Use, Watch, Ignore, StatsTube):
-        return b"%s %s\r\n" % (name, cmd.tube.encode())
-    return name + b"\r\n"
-
-
-_NAMES = {
-    ReserveJob: b"reserve-job", Delete: b"delete", Touch: b"touch", Peek: b"peek",
-    KickJob: b"kick-job", StatsJob: b"stats-job", Use: b"use", Watch: b"watch",
-    Ignore: b"ignore", StatsTube: b"stats-tube", PeekReady: b"peek-ready",
-    PeekDelayed: b"peek-delayed", PeekBuried: b"peek-buried", Stats: b"stats",
-    ListTubes: b"list-tubes", ListTubeUsed: b"list-tube-used",
-    ListTubesWatched: b"list-tubes-watched", Quit: b"quit",
-}
-_ID_COMMANDS = (ReserveJob, Delete, Touch, Peek, KickJob, StatsJob)

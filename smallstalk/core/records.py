@@ -23,7 +23,8 @@ from typing import ClassVar
 import attrs
 import cbor2
 
-FORMAT_VERSION = 3  # 2: PutJobs, Expire, DeleteTube; snapshot items for big tubes. 3: `jobs` items
+# 2: PutJobs, Expire, DeleteTube; snapshot items for big tubes. 3: `jobs` items. 4: FlushTube
+FORMAT_VERSION = 4
 
 
 @attrs.frozen(slots=True)
@@ -247,6 +248,18 @@ class DeleteTube:
     tube: str
 
 
+@attrs.frozen(slots=True)
+class FlushTube:
+    """`flush-tube tube`: exactly these jobs (ready, delayed, buried) are deleted."""
+
+    CODE: ClassVar[int] = 20
+    seq: int
+    time: int
+    conn: int
+    tube: str
+    ids: tuple[int, ...] = attrs.field(converter=tuple)
+
+
 # --- volatile: applied, never logged --------------------------------------
 
 
@@ -279,12 +292,12 @@ class WaitStop:
 
 LOGGED_TYPES = (
     Put, Reserve, Delete, Release, Bury, Touch, Kick, Use, Watch, Ignore, PauseTube,
-    Disconnect, Promote, Timeout, Restart, NewEpoch, PutJobs, Expire, DeleteTube,
+    Disconnect, Promote, Timeout, Restart, NewEpoch, PutJobs, Expire, DeleteTube, FlushTube,
 )
 Record = (
     Put | Reserve | Delete | Release | Bury | Touch | Kick | Use | Watch | Ignore | PauseTube
     | Disconnect | Promote | Timeout | Restart | NewEpoch | PutJobs | Expire | DeleteTube
-    | Connect | WaitStart | WaitStop
+    | FlushTube | Connect | WaitStart | WaitStop
 )
 
 for _cls in LOGGED_TYPES:
@@ -299,7 +312,7 @@ OP_NAMES: dict[type, str] = {
     Touch: "touch", Kick: "kick", Use: "use", Watch: "watch", Ignore: "ignore",
     PauseTube: "pause-tube", Disconnect: "disconnect", Promote: "promote",
     Timeout: "timeout", Restart: "restart", NewEpoch: "new-epoch", PutJobs: "put-jobs",
-    Expire: "expire", DeleteTube: "delete-tube",
+    Expire: "expire", DeleteTube: "delete-tube", FlushTube: "flush-tube",
 }
 
 

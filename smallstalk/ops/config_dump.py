@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from smallstalk.config import read_file
+from smallstalk.core import protocol
 from smallstalk.server.policy import ConfigError, render
 
 USAGE = """\
@@ -50,7 +51,8 @@ def main(argv: list[str], stdout: IO[str] | None = None, stderr: IO[str] | None 
         (out if argv else err).write(USAGE)
         return EXIT_OK if argv else EXIT_USAGE
     if argv[0] != "dump":
-        err.write(f"smallstalk config: unknown subcommand: {argv[0]}\n\n{USAGE}")
+        err.write(f"smallstalk config: unknown subcommand: {argv[0]} "
+                  "(see `smallstalk config -h`)\n")
         return EXIT_USAGE
     p = _Parser(prog="smallstalk config dump", add_help=False)
     p.add_argument("-h", "--help", action="store_true")
@@ -60,7 +62,7 @@ def main(argv: list[str], stdout: IO[str] | None = None, stderr: IO[str] | None 
     try:
         args = p.parse_args(argv[1:])
     except _Usage as e:
-        err.write(f"smallstalk config dump: {e}\n\n{USAGE}")
+        err.write(f"smallstalk config dump: {e} (see `smallstalk config -h`)\n")
         return EXIT_USAGE
     if args.help:
         out.write(USAGE)
@@ -75,9 +77,9 @@ def main(argv: list[str], stdout: IO[str] | None = None, stderr: IO[str] | None 
         return EXIT_OK
     server = args.server or "127.0.0.1:11300"
     try:
-        body = ask_server(server, b"config\r\n")
+        body = ask_server(server, protocol.render(protocol.CONFIG))
     except _Usage as e:
-        err.write(f"smallstalk config dump: {e}\n\n{USAGE}")
+        err.write(f"smallstalk config dump: {e} (see `smallstalk config -h`)\n")
         return EXIT_USAGE
     except OSError as e:
         err.write(f"smallstalk: {server}: {e.strerror or e}\n")
@@ -120,9 +122,9 @@ def ask_server(server: str, command: bytes) -> bytes:
             buf += chunk
         line, _, rest = buf.partition(b"\r\n")
         word, _, size = line.partition(b" ")
-        if word != b"OK" or not size.isdigit():
+        if word != protocol.OK_WORD or not size.isdigit():
             text = line.decode(errors="replace")
-            if text == "UNKNOWN_COMMAND":
+            if line + b"\r\n" == protocol.UNKNOWN_COMMAND:
                 text += " (a server without the config command: not smallstalk, or older)"
             raise ValueError(f"the server answered {text}")
         want = int(size) + 2

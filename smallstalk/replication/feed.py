@@ -38,11 +38,14 @@ import trio
 
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
-from smallstalk.storage import aof
-from smallstalk.storage.recovery import paths
+from smallstalk.server.dispatch import NOREPLY
+from smallstalk.storage import aof, datadir
 
 if TYPE_CHECKING:
-    from smallstalk.server.loop import MutationLoop, Session
+    from collections.abc import Callable
+
+    from smallstalk.server.loop import MutationLoop
+    from smallstalk.server.session import Session
 
 log = logging.getLogger("smallstalk.replication.feed")
 
@@ -88,15 +91,17 @@ class Feed:
             if f is not None:
                 f.close()
 
+    async def run(self, stream: trio.abc.Stream, committed: Callable[[], int]) -> None:
+        """What the replica's connection does once `replicate` is answered."""
+        await run_feed(stream, self, committed)
+
 
 def start_feed(lp: MutationLoop, s: Session, cmd: p.Replicate):
     """Decide how to feed this replica (inside the loop, so the state holds still)."""
-    from smallstalk.server.dispatch import NOREPLY
-
     if lp.journal is None:
-        return b"REFUSED no data directory: nothing to replicate\r\n"
+        return p.refused(b"no data directory: nothing to replicate")
     if lp.role != "primary":
-        return b"REFUSED not a primary\r\n"
+        return p.refused(b"not a primary")
     st = lp.state
     epoch, history = st.epoch
     chain = [(0, "", 1), *st.epochs]
@@ -105,28 +110,28 @@ def start_feed(lp: MutationLoop, s: Session, cmd: p.Replicate):
         if (e, h) == (cmd.epoch, cmd.history):
             fork = chain[i + 1][2] if i + 1 < len(chain) else math.inf
     if fork is None and cmd.epoch > epoch:
-        return b"REFUSED replica history %d/%s is newer than ours %d/%s\r\n" % (
-            cmd.epoch, (cmd.history or "-").encode(), epoch, history.encode())
+        return p.refused(b"replica history %d/%s is newer than ours %d/%s" % (
+            cmd.epoch, (cmd.history or "-").encode(), epoch, history.encode()))
     upto = lp.journal.committed_seq
-    aof_dir, snap_dir = paths(lp.data_dir)
-    segments = aof.list_segments(aof_dir)
+    aof_dir, snap_dir = datadir.paths(lp.data_dir)
+    segments = datadir.list_segments(aof_dir)
     continues = fork is not None and cmd.after < fork and cmd.after <= upto
     after = cmd.after
     snapshot = None
     if continues and not _covers(segments, after + 1, upto):
         continues = False  # compacted away: start from a snapshot
     if not continues:
-        snaps = aof.list_snapshots(snap_dir)
+        snaps = datadir.list_snapshots(snap_dir)
         if snaps:
             snap_seq, snapshot = snaps[-1]
         else:
             snap_seq = 0
         after = snap_seq
         if not _covers(segments, after + 1, upto):
-            return b"REFUSED cannot find records after %d\r\n" % after
-        line = b"FULLRESYNC %d %s %d\r\n" % (epoch, history.encode(), snap_seq)
+            return p.refused(b"cannot find records after %d" % after)
+        line = p.fullresync(epoch, history, snap_seq)
     else:
-        line = b"REPLICATING %d %s\r\n" % (epoch, history.encode())
+        line = p.replicating(epoch, history)
     needed = [path for i, (first, path) in enumerate(segments)
               if first <= upto and (i + 1 == len(segments) or segments[i + 1][0] > after + 1)]
     feed = Feed(s.id, line, after, upto, snapshot, needed)
@@ -200,3 +205,14 @@ def promote(lp: MutationLoop) -> int:
     lp.log(r.NewEpoch, epoch, new_history())
     log.info("promoted to primary, epoch %d", epoch)
     return epoch
+
+
+class Hooks:
+    """The server's way into replication (`MutationLoop.replication`): cli.py
+    installs it, so server/ never imports this package."""
+
+    def start_feed(self, lp: MutationLoop, s: Session, cmd: p.Replicate) -> object:
+        return start_feed(lp, s, cmd)
+
+    def promote(self, lp: MutationLoop) -> int:
+        return promote(lp)

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
-import zlib
 from pathlib import Path
 
 import cbor2
@@ -28,9 +26,8 @@ import trio
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import NS, State
-from smallstalk.storage import aof, snapshot
+from smallstalk.storage import aof, datadir, snapshot
 from smallstalk.storage.aof import CorruptionError
-from smallstalk.storage.recovery import paths
 
 log = logging.getLogger("smallstalk.replication.follower")
 
@@ -66,22 +63,15 @@ class FrameReader:
     async def frames(self) -> list[bytes]:
         """Every complete frame buffered (waiting for at least one)."""
         while True:
-            out = []
-            pos = 0
-            buf = self.buf
-            while len(buf) - pos >= 8:
-                length, crc = struct.unpack_from("<II", buf, pos)
-                if len(buf) - pos - 8 < length:
-                    break
-                payload = bytes(buf[pos + 8:pos + 8 + length])
-                if zlib.crc32(payload) != crc:
-                    raise FeedError("checksum mismatch in the feed")
-                out.append(payload)
-                pos += 8 + length
+            offsets: list[int] = []
+            out: list[bytes] = []
+            pos, why = aof.decode_frames(self.buf, 0, offsets, out)
+            if why is not None:
+                raise FeedError(f"{why} in the feed")
             if pos:
-                del buf[:pos]
+                del self.buf[:pos]
             if out:
-                return out
+                return list(map(bytes, out))
             await self._more()
 
 
@@ -134,12 +124,12 @@ class Follower:
             reader = FrameReader(stream)
             line = await reader.line()
             words = line.split()
-            if not words or words[0] not in (b"REPLICATING", b"FULLRESYNC"):
+            if not words or words[0] not in (p.REPLICATING_WORD, p.FULLRESYNC_WORD):
                 raise FeedError(line.decode(errors="replace"))
             leftover: list[bytes] = []  # record frames that came with the snapshot's end
-            if words[0] == b"FULLRESYNC":
+            if words[0] == p.FULLRESYNC_WORD:
                 snap_seq = int(words[3])
-                tmp = resync_path(lp.data_dir)
+                tmp = datadir.resync_path(lp.data_dir)
                 try:
                     leftover = await receive_snapshot(reader, tmp, snap_seq)
                     await lp.call(install_snapshot, lp, tmp, snap_seq)
@@ -165,12 +155,6 @@ class Follower:
                 if batch:
                     await lp.call(lp.apply_replicated, batch)  # returns once on disk
                     await stream.send_all(p.render(p.ReplicaAck(lp.state.last_seq)))
-
-
-def resync_path(data_dir: Path) -> Path:
-    """Where a full resync's snapshot is received (outside snapshots/, whose
-    `*.tmp` files a compaction deletes)."""
-    return data_dir / "resync.snap.tmp"
 
 
 async def receive_snapshot(reader: FrameReader, path: Path, snap_seq: int) -> list[bytes]:
@@ -207,15 +191,15 @@ def install_snapshot(lp, path: Path, snap_seq: int) -> None:
         if store is not None:
             store.close()
         raise FeedError(f"snapshot says seq {snap_seq}, its items {state.last_seq}")
-    _aof_dir, snap_dir = paths(lp.data_dir)
+    snap_dir = datadir.snap_dir(lp.data_dir)
     aof.make_dirs(snap_dir)  # durable in DATA_DIR before journal.reset deletes our segments
-    written = snap_dir / aof.snapshot_name(snap_seq)
+    written = snap_dir / datadir.snapshot_name(snap_seq)
     os.rename(path, written)
     aof.fsync_dir(snap_dir)
     aof.fsync_dir(path.parent)  # the old name gone too: a later resync truncates that path
     if store is not None:
         store.renamed(path, written)
-    for _seq, old in aof.list_snapshots(snap_dir):
+    for _seq, old in datadir.list_snapshots(snap_dir):
         if old != written:
             old.unlink(missing_ok=True)
     aof.fsync_dir(snap_dir)  # a newer snapshot of ours must not come back over this one

@@ -202,9 +202,8 @@ class _Connection:
     async def flusher(self, cancel: trio.CancelScope) -> None:
         while True:
             if self.feed is not None:
-                from smallstalk.replication.feed import run_feed
-
-                await run_feed(self.stream, self.feed, lambda: self.lp.journal.committed_seq)
+                # A replication feed (replication/feed.py) streams itself.
+                await self.feed.run(self.stream, lambda: self.lp.journal.committed_seq)
                 break
             if self.unsent:
                 data = bytes(self.unsent)

@@ -14,14 +14,17 @@ import os
 import resource
 from typing import TYPE_CHECKING
 
-from smallstalk.config import VERSION as SMALLSTALK_VERSION
+from smallstalk import __version__
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
-from smallstalk.core.state import BURIED, DELAYED, NS, RESERVED, State, body_len
+from smallstalk.core.state import BURIED, DELAYED, NS, READY, RESERVED, State, body_len
+from smallstalk.core.stats import job_stats, tube_stats
 from smallstalk.server.policy import TubePolicy, render
 
 if TYPE_CHECKING:
-    from smallstalk.server.loop import MutationLoop, Session
+    from smallstalk.server.loop import MutationLoop
+    from smallstalk.server.session import Session
+    from smallstalk.storage.journal import Journal
 
 BLOCK = object()  # the reserve waits; the loop answers it later
 CLOSE = object()  # quit: answer nothing more and close
@@ -110,7 +113,7 @@ def reserve(lp: MutationLoop, s: Session, cmd: p.Reserve):
     job = st.best_ready(s.id, now)
     if job is not None:
         lp.log(r.Reserve, s.id, job.id)
-        return p.job_reply(b"RESERVED", job.id, lp.body_of(job))
+        return p.reserved(job.id, lp.body_of(job))
     if cmd.timeout == 0 or s.halfclosed:
         return p.TIMED_OUT
     deadline = None if cmd.timeout is None else now + cmd.timeout * NS
@@ -125,7 +128,7 @@ def reserve_job(lp: MutationLoop, s: Session, cmd: p.ReserveJob):
         return p.NOT_FOUND
     s.worker = True
     lp.log(r.Reserve, s.id, job.id)
-    return p.job_reply(b"RESERVED", job.id, lp.body_of(job))
+    return p.reserved(job.id, lp.body_of(job))
 
 
 def delete(lp: MutationLoop, s: Session, cmd: p.Delete):
@@ -201,7 +204,7 @@ def ignore(lp: MutationLoop, s: Session, cmd: p.Ignore):
 
 
 def _found(lp: MutationLoop, job):
-    return p.NOT_FOUND if job is None else p.job_reply(b"FOUND", job.id, lp.body_of(job))
+    return p.NOT_FOUND if job is None else p.found(job.id, lp.body_of(job))
 
 
 def peek(lp: MutationLoop, s: Session, cmd: p.Peek):
@@ -246,7 +249,7 @@ def stats_job(lp: MutationLoop, s: Session, cmd: p.StatsJob):
     job = lp.state.jobs.get(cmd.id)
     if job is None:
         return p.NOT_FOUND
-    return p.yaml_dict(lp.state.job_stats(job, lp.now))
+    return p.yaml_dict(job_stats(job, lp.now))
 
 
 def stats_tube(lp: MutationLoop, s: Session, cmd: p.StatsTube):
@@ -257,7 +260,7 @@ def stats_tube(lp: MutationLoop, s: Session, cmd: p.StatsTube):
     counters = lp.tube_counters.get(cmd.tube, {})
     extra = [("puts-refused", counters.get("puts-refused", 0)),
              ("fanout-tubes", len(lp.state.fanout.get(cmd.tube, ())))]
-    return p.yaml_dict(lp.state.tube_stats(tube, lp.now) + extra)
+    return p.yaml_dict(tube_stats(tube, lp.now) + extra)
 
 
 def stats(lp: MutationLoop, s: Session, cmd: p.Stats):
@@ -293,25 +296,20 @@ def quit_(lp: MutationLoop, s: Session, cmd: p.Quit):
 
 
 def replicate(lp: MutationLoop, s: Session, cmd: p.Replicate):
-    from smallstalk.replication import (
-        feed as replication,  # the feed machinery only loads when a replica asks
-    )
-
-    return replication.start_feed(lp, s, cmd)
+    if lp.replication is None:  # a loop started without cli.py's hooks
+        return p.refused(b"this server cannot feed replicas")
+    return lp.replication.start_feed(lp, s, cmd)
 
 
 def replica_ack(lp: MutationLoop, s: Session, cmd: p.ReplicaAck):
-    lp.replica_acked(s, cmd.seq)
+    lp.commit.replica_acked(s, cmd.seq)
     return NOREPLY
 
 
 def promote(lp: MutationLoop, s: Session, cmd: p.PromoteReplica):
-    if lp.role != "replica":
-        return b"NOT_A_REPLICA\r\n"
-    from smallstalk.replication import feed as replication
-
-    epoch = replication.promote(lp)
-    return b"PROMOTED %d\r\n" % epoch
+    if lp.role != "replica" or lp.replication is None:
+        return p.NOT_A_REPLICA
+    return p.promoted(lp.replication.promote(lp))
 
 
 def delete_tube(lp: MutationLoop, s: Session, cmd: p.DeleteTube):
@@ -322,18 +320,39 @@ def delete_tube(lp: MutationLoop, s: Session, cmd: p.DeleteTube):
     return p.DELETED
 
 
+_LIST_STATES = {"ready": READY, "delayed": DELAYED, "buried": BURIED, "reserved": RESERVED}
+
+
+def list_jobs(lp: MutationLoop, s: Session, cmd: p.ListJobs):
+    lp.count("cmd-list-jobs")
+    ids = lp.state.list_jobs(cmd.tube, _LIST_STATES[cmd.state], cmd.after, cmd.count)
+    return p.yaml_list(map(str, ids))
+
+
+def flush_tube(lp: MutationLoop, s: Session, cmd: p.FlushTube):
+    lp.count("cmd-flush-tube")
+    st = lp.state
+    if cmd.tube not in st.tubes:
+        return p.NOT_FOUND
+    ids = [jid for state in (READY, DELAYED, BURIED)
+           for jid in st.list_jobs(cmd.tube, state, 0, len(st.jobs))]
+    if ids:
+        lp.log(r.FlushTube, s.id, cmd.tube, sorted(ids))
+    return p.flushed(len(ids))
+
+
 def config(lp: MutationLoop, s: Session, cmd: p.ConfigDump):
     lp.count("cmd-config")
     body = render(lp.policies.dump(list(lp.state.tube_order)))
-    return b"OK %d\r\n%s\r\n" % (len(body), body)
+    return p.ok_yaml(body)
 
 
 def reload_config(lp: MutationLoop, s: Session, cmd: p.ReloadConfig):
     lp.count("cmd-reload-config")
     err = lp.reload_config()
     if err is None:
-        return b"RELOADED\r\n"
-    return b"NOT_RELOADED %s\r\n" % " ".join(err.split()).encode("utf-8", "replace")
+        return p.RELOADED
+    return p.not_reloaded(err)
 
 
 def error(lp: MutationLoop, s: Session, ev: p.ErrorReply):
@@ -357,14 +376,19 @@ HANDLERS = {
     p.ListTubeUsed: list_tube_used, p.ListTubesWatched: list_tubes_watched,
     p.PauseTube: pause_tube, p.Quit: quit_, p.ErrorReply: error, p.Replicate: replicate,
     p.ReplicaAck: replica_ack, p.PromoteReplica: promote, p.DeleteTube: delete_tube,
-    p.ConfigDump: config, p.ReloadConfig: reload_config,
+    p.ConfigDump: config, p.ReloadConfig: reload_config, p.ListJobs: list_jobs,
+    p.FlushTube: flush_tube,
 }
 
 # Refused on a replica (READ_ONLY): they change the queue or need a record.
 MUTATING = frozenset({
     p.Put, p.Reserve, p.ReserveJob, p.Delete, p.Release, p.Bury, p.Touch, p.Kick,
-    p.KickJob, p.PauseTube, p.Watch, p.Ignore, p.DeleteTube,
+    p.KickJob, p.PauseTube, p.Watch, p.Ignore, p.DeleteTube, p.FlushTube,
 })
+
+# Commands that will need the admin token once one is configured (the
+# security work reads this set); the console's writes use them too.
+ADMIN = frozenset({p.FlushTube})
 
 STATS_COUNTERS = (
     "cmd-put", "cmd-peek", "cmd-peek-ready", "cmd-peek-delayed", "cmd-peek-buried",
@@ -381,7 +405,7 @@ def server_stats(lp: MutationLoop) -> list[tuple[str, object]]:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     uname = os.uname()
     sessions = lp.sessions.values()
-    info = lp.storage_info()
+    info = _storage_info(lp.journal)
     out: list[tuple[str, object]] = [
         ("current-jobs-urgent", st.urgent_n), ("current-jobs-ready", st.ready_n),
         ("current-jobs-reserved", st.reserved_n), ("current-jobs-delayed", st.delayed_n),
@@ -407,7 +431,7 @@ def server_stats(lp: MutationLoop) -> list[tuple[str, object]]:
     ]
     # smallstalk's own keys come after beanstalkd's, so existing clients still parse.
     epoch, history = st.epoch
-    out += [("smallstalk-version", SMALLSTALK_VERSION),
+    out += [("smallstalk-version", __version__),
             ("role", lp.role.encode()), ("last-seq", st.last_seq), ("epoch", epoch),
             ("history", history or "-")]  # quoted: an all-digit id must stay a string
     bodies = lp.bodies  # read-behind (bodies.py)
@@ -420,8 +444,24 @@ def server_stats(lp: MutationLoop) -> list[tuple[str, object]]:
     else:
         acked = max((f.acked for f in lp.feeds.values()), default=0)
         out += [("replicas", len(lp.feeds)), ("replica-acked-seq", acked),
-                ("min-replica-acks", lp.min_replica_acks)]
+                ("min-replica-acks", lp.commit.min_replica_acks)]
     return out
+
+
+def _storage_info(j: Journal | None) -> dict:
+    """The binlog keys of `stats`: what the AOF holds."""
+    if j is None:  # beanstalkd shows its default file size even without -b
+        return {"oldest": 0, "current": 0, "migrated": 0, "written": 0,
+                "max_size": 10 << 20}
+    closed = j.closed_segments()
+    oldest = int(closed[0].stem) if closed else j.segment.first_seq
+    return {
+        "oldest": oldest, "current": j.segment.first_seq,
+        # beanstalkd's count of records copied by its compaction; ours folds
+        # into snapshots and copies none.
+        "migrated": 0, "written": j.records_written,
+        "max_size": j.segment_bytes,
+    }
 
 
 def _tv(seconds: float) -> bytes:

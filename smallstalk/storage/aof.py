@@ -10,21 +10,36 @@ The format is specified in snapshots/README.md; in short:
 
 `SegmentWriter` appends records to a buffer; `write()` puts the buffer in the
 file and `sync()` makes it durable. The mutation loop calls `write` and `sync`
-from a worker thread once per batch (group commit). `read_frames` walks a file
-and stops at the first frame that does not check out, reporting where.
+from a worker thread once per batch (group commit).
+
+`decode_frames` is the one frame decoder: every reader of segments,
+snapshots and the replication feed cuts frames with it (`frame_batches` over
+a file in memory, `file_frames` streaming an open file), and stops at the
+first frame that does not check out, reporting where. File names are
+datadir.py's.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import attrs
 
 from smallstalk.core import records
+
+# The names are datadir's; re-exported here for the many readers that list segments.
+from smallstalk.storage.datadir import (  # noqa: F401
+    list_segments,
+    list_snapshots,
+    segment_name,
+    snapshot_name,
+)
 
 SEGMENT_MAGIC = b"SSTKAOF\x00"
 SNAPSHOT_MAGIC = b"SSTKSNP\x00"
@@ -44,14 +59,6 @@ class CorruptionError(Exception):
         self.path, self.offset, self.seq, self.why = path, offset, seq, why
         after = f"after seq {seq}" if seq is not None else "before any record"
         super().__init__(f"{path}: {why} at offset {offset} ({after})")
-
-
-def segment_name(first_seq: int) -> str:
-    return f"{first_seq:020d}.aof"
-
-
-def snapshot_name(last_seq: int) -> str:
-    return f"{last_seq:020d}.snap"
 
 
 def header(magic: bytes, seq: int) -> bytes:
@@ -90,26 +97,107 @@ class FrameScan:
         return self.why is None
 
 
-def read_frames(data: bytes, start: int = HEADER_SIZE) -> Iterator[tuple[int, bytes] | FrameScan]:
-    """Yield (offset, payload) per good frame, then one FrameScan saying how it ended."""
-    pos = start
-    n = len(data)
+def decode_frames(buf: bytes | bytearray, pos: int, offsets: list[int], payloads: list,
+                  limit: int = -1, base: int = 0) -> tuple[int, str | None]:
+    """The frame decoder: cut whole, good frames out of `buf` from `pos`.
+
+    Appends each frame's offset (`base` + its position in `buf`) and payload
+    to `offsets` and `payloads`, up to `limit` frames (-1: no limit). Returns
+    the position after the last good frame and why it stopped there: None
+    when `buf` ends (perhaps inside a frame: read more, or `frame_damage` at
+    the end of the file) or the limit is reached, else the damage found.
+    """
+    n = len(buf)
     head = FRAME.size
     unpack = FRAME.unpack_from
     crc32 = zlib.crc32
-    while pos < n:
-        if n - pos >= head:
-            length, crc = unpack(data, pos)
-            end = pos + head + length
-            if 0 < length <= MAX_FRAME and end <= n:
-                payload = data[pos + head:end]
-                if crc32(payload) == crc:
-                    yield pos, payload
-                    pos = end
-                    continue
-        yield FrameScan(pos, n, frame_damage(data, pos))
+    while limit and n - pos >= head:
+        length, crc = unpack(buf, pos)
+        if length == 0:
+            # Every record encodes to at least one byte; zeros are a tail the
+            # file system allocated but the write never filled.
+            return pos, "zero-length frame"
+        if length > MAX_FRAME:
+            return pos, "frame runs past the end of the file"
+        end = pos + head + length
+        if end > n:
+            break
+        payload = buf[pos + head:end]
+        if crc32(payload) != crc:
+            return pos, "checksum mismatch"
+        offsets.append(base + pos)
+        payloads.append(payload)
+        pos = end
+        limit -= 1
+    return pos, None
+
+
+SEGMENT_BATCH = 512  # frames decoded at a time from a file in memory
+CHUNK = 1 << 20  # bytes read at a time from a file streamed
+
+
+def frame_batches(data: bytes, start: int = HEADER_SIZE,
+                  ) -> Iterator[tuple[list[int], list[bytes], FrameScan | None]]:
+    """The frames of a whole file in memory, SEGMENT_BATCH at a time:
+    (offsets, payloads, None), and last (offsets, payloads, how it ended)."""
+    pos = start
+    n = len(data)
+    while True:
+        offsets: list[int] = []
+        payloads: list[bytes] = []
+        pos, why = decode_frames(data, pos, offsets, payloads, SEGMENT_BATCH)
+        if why is None and len(offsets) == SEGMENT_BATCH and pos < n:
+            yield offsets, payloads, None
+            continue
+        if why is None and pos < n:
+            why = frame_damage(data, pos)
+        yield offsets, payloads, FrameScan(pos, n, why)
         return
-    yield FrameScan(pos, n)
+
+
+def file_frames(f: BinaryIO, start: int = HEADER_SIZE, settle: tuple[float, ...] = (),
+                ) -> Iterator[tuple[list[int], list[bytes], FrameScan | None]]:
+    """The frames of an open file, streamed a CHUNK at a time (memory stays
+    bounded): `frame_batches`' items and rules. `settle`: delays to wait for
+    more bytes when the file ends inside a frame (a live server's last segment).
+    """
+    f.seek(start)
+    buf = b""
+    base = start  # file offset of buf[0]
+    waits = list(settle)
+    head = FRAME.size
+    while True:
+        offsets: list[int] = []
+        payloads: list[bytes] = []
+        pos, why = decode_frames(buf, 0, offsets, payloads, base=base)
+        if pos:
+            buf = buf[pos:]
+            base += pos
+        if why is None:
+            need = head if len(buf) < head else head + FRAME.unpack_from(buf)[0]
+            more = f.read(max(CHUNK, need - len(buf)))
+            while not more and buf and waits:
+                time.sleep(waits.pop(0))  # a write in progress may complete the frame
+                more = f.read(max(CHUNK, need - len(buf)))
+            if more:
+                buf += more
+                if offsets:
+                    yield offsets, payloads, None
+                continue
+            if buf:
+                why = frame_damage(buf, 0)
+            yield offsets, payloads, FrameScan(base, base + len(buf), why)
+            return
+        yield offsets, payloads, FrameScan(base, os.fstat(f.fileno()).st_size, why)
+        return
+
+
+def read_frames(data: bytes, start: int = HEADER_SIZE) -> Iterator[tuple[int, bytes] | FrameScan]:
+    """Yield (offset, payload) per good frame, then one FrameScan saying how it ended."""
+    for offsets, payloads, scan in frame_batches(data, start):
+        yield from zip(offsets, payloads, strict=True)
+        if scan is not None:
+            yield scan
 
 
 def frame_damage(data: bytes, pos: int) -> str:
@@ -139,11 +227,11 @@ def later_good_frame(data: bytes, after: int, last_seq: int = -1) -> int | None:
     n = len(data)
     unpack = FRAME.unpack_from
     for pos in range(after + 1, n - FRAME.size):
-        length, crc = unpack(data, pos)
-        if 0 < length <= n - pos - FRAME.size:
-            payload = data[pos + FRAME.size:pos + FRAME.size + length]
-            if zlib.crc32(payload) == crc and _continues(data, pos, last_seq):
-                return pos
+        length, _crc = unpack(data, pos)
+        if (0 < length <= n - pos - FRAME.size  # (cheap: most offsets fail here)
+                and decode_frames(data, pos, [], [], 1)[0] > pos
+                and _continues(data, pos, last_seq)):
+            return pos
     return None
 
 
@@ -263,24 +351,6 @@ class SegmentWriter:
         os.close(self.fd)
 
 
-def list_segments(aof_dir: Path) -> list[tuple[int, Path]]:
-    out = []
-    if aof_dir.is_dir():
-        for p in aof_dir.iterdir():
-            if p.suffix == ".aof" and p.stem.isdigit():
-                out.append((int(p.stem), p))
-    return sorted(out)
-
-
-def list_snapshots(snap_dir: Path) -> list[tuple[int, Path]]:
-    out = []
-    if snap_dir.is_dir():
-        for p in snap_dir.iterdir():
-            if p.suffix == ".snap" and p.stem.isdigit():
-                out.append((int(p.stem), p))
-    return sorted(out)
-
-
 def iter_segment(path: Path, data: bytes | None = None, put_lists: bool = False,
                  ) -> Iterator[tuple[int, records.Record | list] | FrameScan]:
     """Decoded records of one segment with their offsets, then the FrameScan.
@@ -292,9 +362,6 @@ def iter_segment(path: Path, data: bytes | None = None, put_lists: bool = False,
         yield from zip(offsets, recs, strict=True)
         if scan is not None:
             yield scan
-
-
-SEGMENT_BATCH = 512  # frames decoded at a time by segment_batches
 
 
 def segment_batches(path: Path, data: bytes | None = None, put_lists: bool = False,
@@ -314,32 +381,7 @@ def segment_batches(path: Path, data: bytes | None = None, put_lists: bool = Fal
     loads = records.loads_unchecked
     from_list = records.from_list
     put_code, put_len = records.Put.CODE, records.PUT_LIST_LEN
-    pos = HEADER_SIZE
-    n = len(data)
-    head = FRAME.size
-    unpack = FRAME.unpack_from
-    crc32 = zlib.crc32
-    while True:
-        # read_frames' rules, a batch of frames at a time
-        offsets: list[int] = []
-        payloads: list[bytes] = []
-        scan = None
-        while len(offsets) < SEGMENT_BATCH:
-            if pos >= n:
-                scan = FrameScan(pos, n)
-                break
-            if n - pos >= head:
-                length, crc = unpack(data, pos)
-                end = pos + head + length
-                if 0 < length <= MAX_FRAME and end <= n:
-                    payload = data[pos + head:end]
-                    if crc32(payload) == crc:
-                        offsets.append(pos)
-                        payloads.append(payload)
-                        pos = end
-                        continue
-            scan = FrameScan(pos, n, frame_damage(data, pos))
-            break
+    for offsets, payloads, scan in frame_batches(data):
         try:
             decoded = list(map(loads, payloads))
         except Exception:  # cbor2 raises several types for garbage

@@ -265,7 +265,7 @@ def spill_record(store: BodyStore, st, rec, path, body_offset: int, key_cache=No
 
 
 def resolve_items(items, store: BodyStore | None):
-    """`State.dump()` items with every referenced body read back (for snapshot writers)."""
+    """`snapshot_codec.dump` items with every referenced body read back (for snapshot writers)."""
     for item in items:
         if item[0] == "job" and isinstance(item[6], int):
             if store is None:

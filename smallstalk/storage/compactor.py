@@ -33,10 +33,10 @@ from pathlib import Path
 import trio
 
 from smallstalk.core.state import State, StateError
-from smallstalk.storage import aof, snapshot
+from smallstalk.storage import aof, datadir, snapshot
 from smallstalk.storage.aof import CorruptionError
 from smallstalk.storage.bodies import COMPACTOR_BUDGET, PUTS, BodyError, BodyStore, spill_record
-from smallstalk.storage.recovery import apply_next, body_offset, paths
+from smallstalk.storage.recovery import LogSeq, apply_next, body_offset
 
 log = logging.getLogger("smallstalk.storage.compactor")
 
@@ -47,12 +47,13 @@ def fold(data_dir: Path, segments: list[Path], max_memory: int = 0) -> Path:
     `max_memory` > 0: keep at most that many body bytes in memory (the rest
     are read back from the old files while writing), and write the body index.
     """
-    aof_dir, snap_dir = paths(data_dir)
-    snaps = aof.list_snapshots(snap_dir)
+    aof_dir, snap_dir = datadir.paths(data_dir)
+    snaps = datadir.list_snapshots(snap_dir)
     store = BodyStore(max_memory) if max_memory else None
     state = snapshot.load(snaps[-1][1], store) if snaps else State()
-    state.bodies = store
+    state.on_body_dropped = store.drop if store is not None else None
     keys: dict = {}
+    log_seq = LogSeq(state.last_seq)
     try:
         for path in segments:
             data = path.read_bytes()
@@ -62,10 +63,13 @@ def fold(data_dir: Path, segments: list[Path], max_memory: int = 0) -> Path:
                         raise CorruptionError(path, entry.end, state.last_seq, entry.why)
                     break
                 offset, rec = entry
+                log_seq.check(path, offset, rec.seq, state.last_seq)
+                if rec.seq <= log_seq.floor:
+                    continue  # in the snapshot already
                 if apply_next(state, path, offset, rec) and store and type(rec) in PUTS:
                     spill_record(store, state, rec, path, body_offset(data, offset, rec), keys)
             del data
-        return snapshot.write_state(snap_dir, state, index=store is not None)
+        return snapshot.write_state(snap_dir, state, store, index=store is not None)
     finally:
         if store is not None:
             store.close()
@@ -77,9 +81,9 @@ def remove_folded(data_dir: Path, snap: Path, keep=None) -> int:
     `keep(covered)` may spare some of the covered segments (retention for the
     replay tools); it gets them oldest first and returns the set to keep.
     """
-    aof_dir, snap_dir = paths(data_dir)
+    aof_dir, snap_dir = datadir.paths(data_dir)
     last_seq = int(snap.stem)
-    segments = aof.list_segments(aof_dir)
+    segments = datadir.list_segments(aof_dir)
     covered = [
         path for i, (_first, path) in enumerate(segments)
         # covered when the next segment starts at or below last_seq + 1
@@ -91,13 +95,13 @@ def remove_folded(data_dir: Path, snap: Path, keep=None) -> int:
         if path not in spared:
             path.unlink(missing_ok=True)
             removed += 1
-    for seq, path in aof.list_snapshots(snap_dir):
+    for seq, path in datadir.list_snapshots(snap_dir):
         if seq < last_seq:
             path.unlink(missing_ok=True)
-    for tmp in snap_dir.glob("*.tmp"):
+    for tmp in datadir.temporaries(snap_dir):
         tmp.unlink(missing_ok=True)
-    for idx in snap_dir.glob("*.bodies"):  # body indexes of earlier compactions
-        if idx.stem.isdigit() and int(idx.stem) < last_seq:
+    for idx in snap_dir.iterdir():  # body indexes of earlier compactions
+        if datadir.is_index(idx) and int(idx.stem) < last_seq:
             idx.unlink(missing_ok=True)
     aof.fsync_dir(aof_dir)
     aof.fsync_dir(snap_dir)
@@ -139,7 +143,7 @@ async def remap(lp, snap: Path, folded: list[Path]) -> int:
     in a thread and applied REMAP_CHUNK entries per loop turn, so the loop
     never stalls long and nothing per job is built. Returns the jobs moved.
     """
-    idx = snapshot.index_path(snap)
+    idx = datadir.index_path(snap)
     store = lp.bodies
     try:
         if store is None or not idx.exists():
@@ -192,7 +196,7 @@ def store_paths(store: BodyStore) -> list[str]:
 
 def _is_older_snapshot(path: str, snap: Path, snap_seq: int) -> bool:
     p = Path(path)
-    return (str(p.parent) == os.path.abspath(snap.parent) and p.suffix == ".snap"
+    return (str(p.parent) == os.path.abspath(snap.parent) and p.suffix == datadir.SNAPSHOT_SUFFIX
             and p.stem.isdigit() and int(p.stem) < snap_seq)
 
 
@@ -251,8 +255,12 @@ async def run(journal, data_dir: Path, interval: float, max_closed: int = 4,
                 moved = await remap(lp, snap, fixed)
             except Exception:  # the fds stay open: bodies stay readable, disk space is not freed
                 log.exception("could not move spilled bodies to %s", snap.name)
-        log.info("compacted %d segments into %s in %.2fs%s", removed, snap.name,
-                 time.monotonic() - started,
+        took = time.monotonic() - started
+        metrics = getattr(journal, "metrics", None)
+        if metrics is not None:
+            metrics.last_compaction = (time.time(), took)
+            metrics.compactions += 1
+        log.info("compacted %d segments into %s in %.2fs%s", removed, snap.name, took,
                  f"; {moved} spilled bodies now read from it" if moved else "")
 
 

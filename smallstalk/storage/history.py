@@ -23,21 +23,19 @@ from __future__ import annotations
 
 import logging
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 import attrs
-import cbor2
 
 from smallstalk.core import records
-from smallstalk.storage import aof, snapshot
-from smallstalk.storage.aof import FRAME, HEADER_SIZE, MAX_FRAME, CorruptionError, FrameScan
+from smallstalk.core.state import State, StateError
+from smallstalk.storage import aof, datadir, snapshot, snapshot_codec
+from smallstalk.storage.aof import HEADER_SIZE, CorruptionError
 
 log = logging.getLogger("smallstalk.storage.history")
 
-CHUNK = 1 << 20
 EAGER_OPEN = 512  # segments opened up front (a live compactor may unlink them)
 TAIL_SETTLE = (0.02, 0.05)  # seconds to wait for a write in progress at the very end
 RETENTION_HINT = ("to keep older records for these tools, run the server with "
@@ -138,20 +136,17 @@ class Layout:
 
 
 def layout(data_dir: Path) -> Layout:
-    aof_dir, snap_dir = data_dir / "aof", data_dir / "snapshots"
-    segments, snapshots, others = [], [], []
-    for first, path in aof.list_segments(aof_dir):
+    aof_dir, snap_dir = datadir.paths(data_dir)
+    segments, snapshots = [], []
+    for first, path in datadir.list_segments(aof_dir):
         size = _size(path)
         if size is not None:
             segments.append(SegmentFile(first, path, size))
-    for seq, path in aof.list_snapshots(snap_dir):
+    for seq, path in datadir.list_snapshots(snap_dir):
         size = _size(path)
         if size is not None:
             snapshots.append(SnapshotFile(seq, path, size))
-    for directory, suffix in ((aof_dir, ".broken"), (snap_dir, ".tmp")):
-        if directory.is_dir():
-            others += sorted(p for p in directory.iterdir() if p.name.endswith(suffix))
-    return Layout(data_dir, segments, snapshots, others)
+    return Layout(data_dir, segments, snapshots, datadir.strays(data_dir))
 
 
 def _size(path: Path) -> int | None:
@@ -161,69 +156,7 @@ def _size(path: Path) -> int | None:
         return None  # unlinked by the compactor between listing and looking
 
 
-# --- frames and segments ----------------------------------------------------------
-
-
-def iter_frames(f: BinaryIO, start: int = HEADER_SIZE,
-                settle: tuple[float, ...] = ()) -> Iterator[tuple[int, bytes] | FrameScan]:
-    """Stream (offset, payload) per good frame from `start`, then one FrameScan.
-
-    The same rules as `aof.read_frames`, a chunk at a time. `settle`: delays to
-    wait for more bytes when the file ends inside a frame (a live last segment).
-    """
-    f.seek(start)
-    buf = b""
-    base = start  # file offset of buf[0]
-    pos = 0
-    eof = False
-    waits = list(settle)
-    unpack = FRAME.unpack_from
-    crc32 = zlib.crc32
-    while True:
-        avail = len(buf) - pos
-        need = FRAME.size
-        why = None
-        if avail >= FRAME.size:
-            length, crc = unpack(buf, pos)
-            if length == 0:
-                why = "zero-length frame"
-            elif length > MAX_FRAME:
-                why = "frame runs past the end of the file"
-            elif avail - FRAME.size >= length:
-                payload = buf[pos + FRAME.size:pos + FRAME.size + length]
-                if crc32(payload) != crc:
-                    why = "checksum mismatch"
-                else:
-                    yield base + pos, payload
-                    pos += FRAME.size + length
-                    continue
-            else:
-                need = FRAME.size + length
-        if why is None and not eof:
-            more = f.read(max(CHUNK, need - avail))
-            if more:
-                buf = buf[pos:] + more
-                base += pos
-                pos = 0
-            else:
-                eof = True
-            continue
-        if why is None and avail and waits:
-            time.sleep(waits.pop(0))  # a write in progress may complete the frame
-            eof = False
-            continue
-        if why is None and avail:
-            why = ("incomplete frame header" if avail < FRAME.size
-                   else "frame runs past the end of the file")
-        yield FrameScan(base + pos, base + len(buf) if eof else _file_size(f), why)
-        return
-
-
-def _file_size(f: BinaryIO) -> int:
-    here = f.tell()
-    size = f.seek(0, 2)
-    f.seek(here)
-    return size
+# --- segments ----------------------------------------------------------------------
 
 
 class SegmentReader:
@@ -269,26 +202,28 @@ class SegmentReader:
         first = self.header_seq = aof.read_header(self.path, head, aof.SEGMENT_MAGIC)
         self.end = HEADER_SIZE
         decode = records.decode
-        for item in iter_frames(f, HEADER_SIZE, TAIL_SETTLE if self.last else ()):
-            if isinstance(item, FrameScan):
-                self.end, self.size, self.why = item.end, item.size, item.why
+        for offsets, payloads, scan in aof.file_frames(f, HEADER_SIZE,
+                                                       TAIL_SETTLE if self.last else ()):
+            for offset, payload in zip(offsets, payloads, strict=True):
+                try:
+                    rec = decode(payload)
+                except records.DecodeError as e:
+                    raise CorruptionError(self.path, offset, self.last_seq, str(e)) from None
+                if self.first_seq is None:
+                    if rec.seq != first:
+                        raise CorruptionError(
+                            self.path, offset, None,
+                            f"header says first seq {first}, first record has {rec.seq}")
+                    self.first_seq, self.first_time = rec.seq, rec.time
+                self.records += 1
+                self.last_seq, self.last_time = rec.seq, rec.time
+                yield offset, rec
+            if scan is not None:
+                self.end, self.size, self.why = scan.end, scan.size, scan.why
                 if self.why is not None:
                     f.seek(0)
                     self._data = f.read()  # for tail_is_torn, from the file we have open
                 return
-            offset, payload = item
-            try:
-                rec = decode(payload)
-            except records.DecodeError as e:
-                raise CorruptionError(self.path, offset, self.last_seq, str(e)) from None
-            if self.first_seq is None:
-                if rec.seq != first:
-                    raise CorruptionError(self.path, offset, None,
-                                          f"header says first seq {first}, first record has {rec.seq}")
-                self.first_seq, self.first_time = rec.seq, rec.time
-            self.records += 1
-            self.last_seq, self.last_time = rec.seq, rec.time
-            yield offset, rec
 
     @property
     def clean(self) -> bool:
@@ -299,7 +234,9 @@ class SegmentReader:
         if self.short_header:
             return True
         data = self._data if self._data is not None else self.path.read_bytes()
-        return aof.later_good_frame(data, self.end) is None
+        # start-up's rule (recovery): no run of records continuing the log follows
+        last = self.last_seq if self.last_seq is not None else (self.header_seq or 1) - 1
+        return aof.later_good_frame(data, self.end, last) is None
 
     def damage(self) -> CorruptionError:
         return CorruptionError(self.path, self.end, self.last_seq, self.why or "damage")
@@ -453,52 +390,23 @@ def iter_records(
 
 
 def iter_snapshot(path: Path, file: BinaryIO | None = None) -> Iterator[list]:
-    """A snapshot's items one by one (meta first), checked as `snapshot.read_items` does
-    (a format-3 `jobs` item comes as `job` items, too).
+    """A snapshot's items one by one (meta first): `snapshot.iter_items`, the
+    one snapshot reader (a format-3 `jobs` item comes as `job` items, too).
 
     Raises CorruptionError on damage, including a missing `end` frame; the
     error comes when the reader gets there, so a caller that needs a whole
     valid snapshot must read to the end before trusting what it got. A
     `file` given is read from its start and left open.
     """
-    f = file if file is not None else open(path, "rb")  # noqa: SIM115
+    yield from snapshot.iter_items(path, file=file)
+
+
+def load_snapshot(path: Path, file: BinaryIO | None = None) -> State:
+    """The state in a snapshot (`snapshot.load` for a file a live server may unlink)."""
     try:
-        f.seek(0)
-        head = f.read(HEADER_SIZE)
-        last_seq = aof.read_header(path, head, aof.SNAPSHOT_MAGIC)
-        count = 0
-        for entry in iter_frames(f, HEADER_SIZE):
-            if isinstance(entry, FrameScan):
-                if not entry.clean:
-                    raise CorruptionError(path, entry.end, last_seq, entry.why)
-                raise CorruptionError(path, entry.end, last_seq,
-                                      "snapshot has no end frame (incomplete)")
-            offset, payload = entry
-            try:
-                item = cbor2.loads(payload)
-            except Exception as e:  # cbor2 raises several types for garbage
-                raise CorruptionError(path, offset, last_seq, f"bad CBOR: {e}") from None
-            if not isinstance(item, list) or not item:
-                raise CorruptionError(path, offset, last_seq, "snapshot item is not an array")
-            if count == 0 and (item[0] != "meta" or item[1:2] != [last_seq]):
-                raise CorruptionError(path, offset, last_seq,
-                                      f"first item is not meta for seq {last_seq}")
-            if item[0] == "end":
-                if item[1:2] != [count]:
-                    raise CorruptionError(path, offset, last_seq, "item count mismatch")
-                return
-            count += 1
-            if item[0] == "jobs":  # format 3: its jobs, as the `job` items of formats 1 and 2
-                try:
-                    jobs = snapshot.job_rows(item)
-                except ValueError as e:
-                    raise CorruptionError(path, offset, last_seq, str(e)) from None
-                yield from jobs
-                continue
-            yield item
-    finally:
-        if file is None:
-            f.close()
+        return snapshot_codec.load(iter_snapshot(path, file))
+    except (StateError, TypeError, ValueError, KeyError, IndexError) as e:
+        raise CorruptionError(path, 0, None, f"snapshot items do not load: {e!r}") from None
 
 
 def snapshot_meta(path: Path, file: BinaryIO | None = None) -> dict:

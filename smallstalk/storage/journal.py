@@ -30,20 +30,22 @@ from __future__ import annotations
 import logging
 import os
 import select
+import time
 from pathlib import Path
 
 import trio
 
 from smallstalk.core import records
+from smallstalk.storage import datadir
 from smallstalk.storage.aof import (
     FSYNC_ALWAYS,
     FSYNC_NEVER,
     HEADER_SIZE,
     SegmentWriter,
     fsync_dir,
-    list_segments,
-    segment_name,
 )
+from smallstalk.storage.datadir import list_segments, segment_name
+from smallstalk.storage.observe import StorageMetrics
 from smallstalk.storage.syncer import Syncer
 
 log = logging.getLogger("smallstalk.storage.journal")
@@ -73,7 +75,7 @@ class Journal:
         segment_records: int = 100_000,
         segment_bytes: int = 16 << 20,
     ):
-        self.aof_dir = data_dir / "aof"
+        self.aof_dir = datadir.aof_dir(data_dir)
         self.aof_dir.mkdir(parents=True, exist_ok=True)
         fsync_dir(data_dir)
         self.fsync = fsync
@@ -91,6 +93,7 @@ class Journal:
         self.segment: SegmentWriter | None = None
         self._dirty = False  # written but not fsynced (interval mode)
         self.rotated = trio.Event()  # set when a segment closes (wakes the compactor)
+        self.metrics = StorageMetrics()  # fsync latency, commit sizes (the console reports them)
         self._open_segment()
 
     def _open_segment(self) -> None:
@@ -154,7 +157,16 @@ class Journal:
     def _write_and_sync(self) -> None:
         self.segment.write()
         if self.fsync == FSYNC_ALWAYS:
-            self.segment.sync()
+            self._timed(self.segment.sync)
+
+    def _timed(self, sync) -> None:
+        t0 = time.perf_counter()
+        sync()
+        self.metrics.fsync_seconds.observe(time.perf_counter() - t0)
+
+    def _timed_fsync(self, fd: int) -> None:
+        """os.fsync for the fsync thread, measured (that thread is the only observer then)."""
+        self._timed(lambda: os.fsync(fd))
 
     async def commit(self) -> None:
         seg = self.segment
@@ -181,6 +193,7 @@ class Journal:
         self.committed_seq = self.written_seq = self.sync_asked = last
         seg.durable = (seg.size, seg.records, seg.last_seq)
         self.records_written += count
+        self.metrics.commit_records.observe(count)
         if self.segment_full():
             try:
                 await self.rotate()
@@ -213,11 +226,13 @@ class Journal:
     def sync(self) -> None:
         """fsync in this thread: everything written is durable on return."""
         seg = self.segment
+        batch = self.written_seq - self.committed_seq
         try:
-            seg.sync()
+            self._timed(seg.sync)
         except OSError as e:
             self.fail_unsynced()
             raise JournalError(f"fsync {seg.path}: {e}") from e
+        self.metrics.commit_records.observe(batch)
         self.committed_seq = self.sync_asked = self.written_seq
         seg.durable = (seg.size, seg.records, seg.last_seq)
 
@@ -231,6 +246,7 @@ class Journal:
         seg = self.segment
         self.syncer.request(self._sync_gen, self.written_seq, seg.fd,
                             (seg.size, seg.records, seg.last_seq))
+        self.metrics.commit_records.observe(self.written_seq - self.sync_asked)
         self.sync_asked = self.written_seq
 
     def sync_result(self) -> int:
@@ -293,7 +309,7 @@ class Journal:
 
     def start_syncer(self) -> Syncer:
         if self.syncer is None:
-            self.syncer = Syncer()
+            self.syncer = Syncer(self._timed_fsync)
         return self.syncer
 
     def stop_syncer(self) -> None:
@@ -322,7 +338,7 @@ class Journal:
     async def sync_now(self) -> None:
         if self._dirty:
             self._dirty = False
-            await trio.to_thread.run_sync(self.segment.sync)
+            await trio.to_thread.run_sync(self._timed, self.segment.sync)
 
     async def run_interval_sync(self) -> None:
         """Background fsync for the interval policy."""

@@ -2,12 +2,12 @@
 
 `DATA_DIR/snapshots/<last seq, 20 digits>.snap` holds the same 24-byte header
 as a segment (magic `SSTKSNP\\0`, the last sequence number it contains), then
-one frame per item of `State.dump()`, except that jobs go up to `JOBS_PER_ITEM`
+one frame per item of `snapshot_codec.dump`, except that jobs go up to `JOBS_PER_ITEM`
 to a frame as one `jobs` item (format 3; formats 1 and 2 had a `job` item per
 job), and a final `["end", item count]` frame; a file without that final frame
 is incomplete and never used.
 
-Writing follows the protocol Redis uses for its rewrite: write `<name>.tmp`,
+Writing follows the protocol Redis uses for its rewrite: write a `.tmp` file,
 fsync it, rename it into place, fsync the directory. Only then may older
 snapshots and the segments it covers be deleted (by the caller).
 
@@ -25,17 +25,18 @@ from __future__ import annotations
 import gc
 import os
 import struct
-import zlib
 from collections.abc import Iterable, Iterator
 from itertools import chain
 from operator import itemgetter
 from pathlib import Path
+from typing import BinaryIO
 
 import cbor2
 
 from smallstalk.core.state import State, StateError
-from smallstalk.storage import aof
+from smallstalk.storage import aof, snapshot_codec
 from smallstalk.storage.aof import CorruptionError
+from smallstalk.storage.datadir import index_path, snapshot_name, tmp_path
 
 BODY_INDEX_MAGIC = b"SSTKBDX\x00"
 BODY_INDEX_ENTRY = struct.Struct("<QQI")  # job id, body offset in the snapshot, body length
@@ -46,11 +47,6 @@ _BUFFER = 1 << 20
 # of big bodies small for a streaming reader and far below MAX_FRAME.
 JOBS_PER_ITEM = 128
 BATCH_BODY_BYTES = 1 << 20
-
-
-def index_path(snap: Path) -> Path:
-    """The body index written next to a snapshot: `<seq>.bodies`."""
-    return snap.with_suffix(".bodies")
 
 
 def _int_len(v: int) -> int:
@@ -103,15 +99,15 @@ def _body_ends(bodies: list[bytes], payload_end: int) -> list[int]:
 
 
 def write(directory: Path, last_seq: int, items: Iterable[list], index: bool = False) -> Path:
-    """Write a snapshot of `items` (`State.dump()` items) at `last_seq`; return its final path.
+    """Write a snapshot of `items` (`snapshot_codec.dump` items) at `last_seq`; return its final path.
 
     Runs of `job` items are written as `jobs` items (see JOBS_PER_ITEM).
     `index`: also write `<seq>.bodies` (see `index_path`): for every job, its
     id and where its body's bytes are in the snapshot file.
     """
     aof.make_dirs(directory)  # its entry in DATA_DIR durable before segments are deleted
-    final = directory / aof.snapshot_name(last_seq)
-    tmp = directory / f"{final.name}.{os.getpid()}.tmp"
+    final = directory / snapshot_name(last_seq)
+    tmp = tmp_path(final)
     entries = bytearray()
     count = 0
     pack_entry = BODY_INDEX_ENTRY.pack
@@ -166,7 +162,7 @@ def write(directory: Path, last_seq: int, items: Iterable[list], index: bool = F
         # Read once by the server right after this compaction, then deleted: a
         # crash loses nothing (start-up reads bodies from the snapshot itself).
         idx = index_path(final)
-        idx_tmp = directory / f"{idx.name}.{os.getpid()}.tmp"
+        idx_tmp = tmp_path(idx)
         with open(idx_tmp, "wb") as f:
             f.write(aof.header(BODY_INDEX_MAGIC, last_seq))
             f.write(entries)
@@ -176,11 +172,12 @@ def write(directory: Path, last_seq: int, items: Iterable[list], index: bool = F
     return final
 
 
-def write_state(directory: Path, state: State, index: bool = False) -> Path:
-    """Write `state`; bodies read-behind keeps on disk are read back as it goes."""
+def write_state(directory: Path, state: State, bodies=None, index: bool = False) -> Path:
+    """Write `state`; bodies read-behind keeps on disk (in `bodies`) are read back as it goes."""
     from smallstalk.storage.bodies import resolve_items
 
-    return write(directory, state.last_seq, resolve_items(state.dump(), state.bodies), index)
+    return write(directory, state.last_seq, resolve_items(snapshot_codec.dump(state), bodies),
+                 index)
 
 
 def index_entries(path: Path) -> memoryview:
@@ -196,7 +193,7 @@ def index_entries(path: Path) -> memoryview:
 def iter_frames(path: Path) -> Iterator[tuple[int, int, bytes]]:
     """(frame offset, last seq, payload) per frame of a snapshot, up to and with `end`.
 
-    Streams the file; raises CorruptionError as `aof.read_frames` would judge
+    Streams the file; raises CorruptionError as `aof.decode_frames` judges
     the damage (and for a file without an `end` frame).
     """
     for last_seq, offsets, payloads in _frame_batches(path):
@@ -204,69 +201,37 @@ def iter_frames(path: Path) -> Iterator[tuple[int, int, bytes]]:
             yield offset, last_seq, payload
 
 
-def _frame_batches(path: Path) -> Iterator[tuple[int, list[int], list[bytes]]]:
-    """`iter_frames` a read at a time: (last seq, offsets, payloads).
+def _frame_batches(path: Path, file: BinaryIO | None = None,
+                   ) -> Iterator[tuple[int, list[int], list[bytes]]]:
+    """`iter_frames` a read at a time (aof.file_frames): (last seq, offsets, payloads).
 
-    Frames are cut out of 1 MiB reads and handed over a read's worth at a
-    time: two small reads and a generator step per frame were a fifth of a
-    big snapshot's load. Damage raises after the good frames before it.
+    Damage raises after the good frames before it. A `file` given is read
+    from its start and left open.
     """
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+    f = file if file is not None else open(path, "rb")  # noqa: SIM115
+    try:
+        f.seek(0)
         last_seq = aof.read_header(path, f.read(aof.HEADER_SIZE), aof.SNAPSHOT_MAGIC)
-        pos = aof.HEADER_SIZE  # file offset of the frame at buf[i]
-        buf = b""
-        i = have = 0  # have: len(buf)
-        head = aof.FRAME.size
-        max_frame = aof.MAX_FRAME
-        unpack = aof.FRAME.unpack_from
-        crc32 = zlib.crc32
-        while True:
-            offsets: list[int] = []
-            payloads: list[bytes] = []
-            why = None
-            need = head  # bytes from buf[i] the next frame needs in the buffer
-            while pos < size:
-                if have - i < head:
-                    break
-                length, crc = unpack(buf, i)
-                if length == 0:
-                    why = "zero-length frame"
-                    break
-                if length > max_frame or pos + head + length > size:
-                    why = "frame runs past the end of the file"
-                    break
-                end = i + head + length
-                if end > have:
-                    need = head + length
-                    break
-                payload = buf[i + head:end]
-                if crc32(payload) != crc:
-                    why = "checksum mismatch"
-                    break
-                offsets.append(pos)
-                payloads.append(payload)
-                pos += head + length
-                i = end
+        for offsets, payloads, scan in aof.file_frames(f, aof.HEADER_SIZE):
             if offsets:
                 yield last_seq, offsets, payloads
-            if why is not None:
-                raise CorruptionError(path, pos, last_seq, why)
-            if pos >= size:
-                raise CorruptionError(path, pos, last_seq, "snapshot has no end frame (incomplete)")
-            buf = buf[i:] + f.read(max(_BUFFER, need - (have - i)))
-            i, have = 0, len(buf)
-            if have < need:  # the file shrank under us
-                why = "incomplete frame header" if have < head else "checksum mismatch"
-                raise CorruptionError(path, pos, last_seq, why)
+            if scan is not None:
+                raise CorruptionError(path, scan.end, last_seq,
+                                      scan.why or "snapshot has no end frame (incomplete)")
+    finally:
+        if file is None:
+            f.close()
 
 
-def iter_items(path: Path, bodies=None, jobs_items: bool = False) -> Iterator[list]:
-    """A snapshot's items, checked, streamed (the `end` item is checked, not yielded).
+def iter_items(path: Path, bodies=None, jobs_items: bool = False,
+               file: BinaryIO | None = None) -> Iterator[list]:
+    """The snapshot reader: a snapshot's items, checked, streamed (meta first;
+    the `end` item is checked, not yielded). Damage raises CorruptionError when
+    the reader gets there: read to the end before trusting what came.
 
     A `jobs` item comes as its jobs' `job` items (`job_rows`), so a reader
     sees one layout whatever the format; `jobs_items`: as it is (for
-    `State.load`, which reads it faster than as many `job` items).
+    `snapshot_codec.load`, which reads it faster than as many `job` items).
 
     With a body store `bodies` that has a budget (read-behind), a job's body
     stays in its item while the server budget and its tube's budget allow
@@ -275,10 +240,11 @@ def iter_items(path: Path, bodies=None, jobs_items: bool = False) -> Iterator[li
     """
     # Handed on a read's worth at a time and flattened in C: a generator step
     # per item was ~5% of a big snapshot's load.
-    return chain.from_iterable(_item_batches(path, bodies, jobs_items))
+    return chain.from_iterable(_item_batches(path, bodies, jobs_items, file))
 
 
-def _item_batches(path: Path, bodies, jobs_items: bool = False) -> Iterator[list[list]]:
+def _item_batches(path: Path, bodies, jobs_items: bool = False,
+                  file: BinaryIO | None = None) -> Iterator[list[list]]:
     """`iter_items` a read at a time; damage raises after the good items before it."""
     if bodies is not None and not bodies.active:
         bodies = None
@@ -310,16 +276,16 @@ def _item_batches(path: Path, bodies, jobs_items: bool = False) -> Iterator[list
             key = bodies.key(path)
         return bodies.ref(path, offset, n, key)
 
-    for last_seq, offsets, payloads in _frame_batches(path):
+    for last_seq, offsets, payloads in _frame_batches(path, file):
         try:
             decoded = list(map(loads, payloads))
         except Exception:  # cbor2 raises several types for garbage; the loop below says which
             decoded = None
         if (bodies is None and decoded is not None and set(map(type, decoded)) == {list}
-                and all(decoded)):
+                and all(decoded) and (count or decoded[0][:2] == ["meta", last_seq])):
             # The common case, checked in C: every payload decodes to a
             # non-empty list, and none is the `end` item (that batch, or one
-            # with damage, takes the item-by-item path below); State.load's
+            # with damage, takes the item-by-item path below); snapshot_codec.load's
             # unpacking checks the `jobs` items it gets. Expanding them is the
             # item-by-item path's job.
             kinds = set(map(first, decoded))
@@ -342,6 +308,10 @@ def _item_batches(path: Path, bodies, jobs_items: bool = False) -> Iterator[list
                 err = CorruptionError(path, offset, last_seq, "snapshot item is not an array")
                 break
             kind = item[0]
+            if count == 0 and (kind != "meta" or item[1:2] != [last_seq]):
+                err = CorruptionError(path, offset, last_seq,
+                                      f"first item is not meta for seq {last_seq}")
+                break
             if kind == "end":
                 if item[1:2] != [count]:
                     err = CorruptionError(path, offset, last_seq, "item count mismatch")
@@ -405,11 +375,11 @@ def load(path: Path, bodies=None) -> State:
         last_seq = aof.read_header(path, f.read(aof.HEADER_SIZE), aof.SNAPSHOT_MAGIC)
     # As in recovery.recover: millions of objects and no cycles, so the cyclic
     # collector would only run over and over (and over the decoded batches
-    # waiting for State.load). Also for callers with it on (a replica's resync).
+    # waiting for snapshot_codec.load). Also for callers with it on (a replica's resync).
     enabled = gc.isenabled()
     gc.disable()
     try:
-        state = State.load(iter_items(path, bodies, jobs_items=True))
+        state = snapshot_codec.load(iter_items(path, bodies, jobs_items=True))
     except (StateError, TypeError, ValueError, KeyError, IndexError) as e:
         raise CorruptionError(path, 0, last_seq, f"snapshot items do not load: {e!r}") from None
     finally:
@@ -417,5 +387,5 @@ def load(path: Path, bodies=None) -> State:
             gc.enable()
     if state.last_seq != last_seq:
         raise CorruptionError(path, 0, last_seq, f"header says seq {last_seq}, body {state.last_seq}")
-    state.bodies = bodies
+    state.on_body_dropped = bodies.drop if bodies is not None else None
     return state

@@ -23,7 +23,7 @@ async def test_commands_behind_a_waiting_reserve_are_not_read_without_bound(nurs
     client = await trio.open_tcp_stream("127.0.0.1", port)
     await client.send_all(b"reserve\r\n")  # no job: it waits, and so does all after it
     body = b"x" * 60_000
-    chunk = b"put 0 0 60 %d\r\n%s\r\n" % (len(body), body) * 16
+    chunk = p.render(p.Put(0, 0, 60, body)) * 16
     sent = 0
     # Bounded in time: a server that stops reading makes send_all block here.
     with trio.move_on_after(3):
@@ -53,7 +53,7 @@ async def test_a_throttled_connection_that_hangs_up_is_cleaned_up(nursery) -> No
     lp, port = await serve_on_loopback(nursery)
     client = await trio.open_tcp_stream("127.0.0.1", port)
     await client.send_all(b"reserve\r\n")
-    chunk = b"put 0 0 60 60000\r\n%s\r\n" % (b"x" * 60_000) * 16
+    chunk = p.render(p.Put(0, 0, 60, b"x" * 60_000)) * 16
     with trio.move_on_after(3):
         for _ in range(OFFERED // len(chunk)):
             await client.send_all(chunk)

@@ -12,6 +12,7 @@ import trio
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.server.policy import Policies, TubePolicy
+from smallstalk.storage import snapshot_codec
 from smallstalk.storage.recovery import recover
 
 from ..support.harness import Client, make_loop
@@ -40,8 +41,8 @@ def assert_replays(lp, data_dir) -> None:
     lp.state.check()
     rebuilt = recover(data_dir, repair=False).state
     rebuilt.check()
-    live = [x for x in lp.state.dump() if x[0] != "conn"]
-    again = [x for x in rebuilt.dump() if x[0] != "conn"]
+    live = [x for x in snapshot_codec.dump(lp.state) if x[0] != "conn"]
+    again = [x for x in snapshot_codec.dump(rebuilt) if x[0] != "conn"]
     assert again == live
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import trio
 
+import smallstalk
 from smallstalk.core import protocol as p
 from smallstalk.core import records
 from smallstalk.storage import aof
@@ -134,12 +135,16 @@ async def test_pause_tube_delays_reserves(lp, autojump_clock) -> None:
 
 async def test_disconnect_releases_reservation(lp, autojump_clock) -> None:
     a, b = Client(lp), Client(lp)
-    await a.ask(b"put 0 0 100 1\r\nx\r\n")
+    await a.ask(b"put 0 0 3600 1\r\nx\r\n")
     await a.ask(b"reserve\r\n")
     b.send(b"reserve\r\n")
     await trio.sleep(1)
+    closed_at = trio.current_time()
     a.close()
     assert await b.recv() == b"RESERVED 1 1\r\nx\r\n"
+    # Released by the close itself, not by the hour's TTR running out (the
+    # mock clock would jump there if nothing else gave the job back).
+    assert trio.current_time() - closed_at < 1
 
 
 async def test_watch_ignore_use_lists(lp, autojump_clock) -> None:
@@ -212,3 +217,20 @@ async def test_live_put_path_logs_what_a_put_record_encodes_to(tmp_path, nursery
         live, again = loop.state.jobs[jid], replayed.jobs[jid]
         assert (live.pri, live.ttr, live.state, live.deadline, live.body, live.tube.name) == (
             again.pri, again.ttr, again.state, again.deadline, again.body, again.tube.name)
+
+
+async def test_a_loop_without_replication_hooks_refuses_replicate_and_promote(
+        lp, autojump_clock) -> None:
+    # server/ never imports replication/: the hooks come from cli.py, and a loop
+    # started without them says so, and goes on serving.
+    c = Client(lp)
+    assert await c.ask(p.render(p.Replicate(0, "", 0))) == \
+        b"REFUSED this server cannot feed replicas\r\n"
+    assert await c.ask(b"promote\r\n") == b"NOT_A_REPLICA\r\n"
+    assert await c.ask(b"put 0 0 10 1\r\na\r\n") == b"INSERTED 1\r\n"
+
+
+async def test_stats_names_the_package_version(lp, autojump_clock) -> None:
+    reply = await Client(lp).ask(b"stats\r\n")
+    assert b'\nsmallstalk-version: "%s"\n' % smallstalk.__version__.encode() in reply
+    assert b'\nversion: "1.12"\n' in reply  # the beanstalkd protocol clients see

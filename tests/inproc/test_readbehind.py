@@ -20,7 +20,7 @@ from smallstalk.core import protocol as p
 from smallstalk.core.state import State
 from smallstalk.server.loop import MutationLoop
 from smallstalk.server.policy import Policies, TubePolicy
-from smallstalk.storage import aof, compactor, snapshot
+from smallstalk.storage import aof, compactor, snapshot, snapshot_codec
 from smallstalk.storage.bodies import BodyStore, resolve_items
 from smallstalk.storage.journal import FSYNC_NEVER, Journal
 from smallstalk.storage.recovery import recover
@@ -43,7 +43,7 @@ def make_loop(data_dir: Path, max_memory: int, policies: Policies | None = None,
 
 
 def put_cmd(body: bytes, pri: int = 0) -> bytes:
-    return b"put %d 0 600 %d\r\n%s\r\n" % (pri, len(body), body)
+    return p.render(p.Put(pri, 0, 600, body))
 
 
 async def put_many(c: Client, bodies: list[bytes]) -> dict[int, bytes]:
@@ -63,7 +63,7 @@ def stat(reply: bytes, key: str) -> str:
 
 
 def resolved_dump(lp: MutationLoop) -> list:
-    return [x for x in resolve_items(lp.state.dump(), lp.bodies) if x[0] != "conn"]
+    return [x for x in resolve_items(snapshot_codec.dump(lp.state), lp.bodies) if x[0] != "conn"]
 
 
 def assert_replays(lp: MutationLoop, data_dir: Path) -> None:
@@ -71,7 +71,7 @@ def assert_replays(lp: MutationLoop, data_dir: Path) -> None:
     lp.state.check()
     rebuilt = recover(data_dir, repair=False).state
     rebuilt.check()
-    assert [x for x in rebuilt.dump() if x[0] != "conn"] == resolved_dump(lp)
+    assert [x for x in snapshot_codec.dump(rebuilt) if x[0] != "conn"] == resolved_dump(lp)
 
 
 # --- the loop ----------------------------------------------------------------------------
@@ -93,12 +93,12 @@ async def test_spill_after_commit_and_bodies_come_back(nursery, tmp_path, autoju
     tube = await c.ask(b"stats-tube default\r\n")
     assert int(stat(tube, "bytes-on-disk")) == st.spilled_bytes
     for jid, body in jobs.items():
-        assert await c.ask(b"peek %d\r\n" % jid) == p.job_reply(b"FOUND", jid, body)
-    assert await c.ask(b"peek-ready\r\n") == p.job_reply(b"FOUND", 1, jobs[1])
+        assert await c.ask(b"peek %d\r\n" % jid) == p.found(jid, body)
+    assert await c.ask(b"peek-ready\r\n") == p.found(1, jobs[1])
     for _ in jobs:
         reply = await c.ask(b"reserve\r\n")
         jid = int(reply.split()[1])
-        assert reply == p.job_reply(b"RESERVED", jid, jobs[jid])
+        assert reply == p.reserved(jid, jobs[jid])
         assert await c.ask(b"delete %d\r\n" % jid) == b"DELETED\r\n"
     assert int(stat(await c.ask(b"stats\r\n"), "body-reads")) >= len(jobs)
     assert st.spilled_bytes == st.body_bytes == 0
@@ -126,14 +126,14 @@ async def test_waiting_reserve_and_release_bury_kick_keep_bytes(nursery, tmp_pat
     await trio.sleep(1)
     body = os.urandom(3000)
     assert await producer.ask(put_cmd(body)) == b"INSERTED 1\r\n"
-    assert await worker.recv() == p.job_reply(b"RESERVED", 1, body)
+    assert await worker.recv() == p.reserved(1, body)
     assert isinstance(lp.state.jobs[1].body, int)
     assert await worker.ask(b"release 1 5 0\r\n") == b"RELEASED\r\n"
-    assert await worker.ask(b"reserve\r\n") == p.job_reply(b"RESERVED", 1, body)
+    assert await worker.ask(b"reserve\r\n") == p.reserved(1, body)
     assert await worker.ask(b"bury 1 5\r\n") == b"BURIED\r\n"
-    assert await worker.ask(b"peek-buried\r\n") == p.job_reply(b"FOUND", 1, body)
+    assert await worker.ask(b"peek-buried\r\n") == p.found(1, body)
     assert await worker.ask(b"kick 1\r\n") == b"KICKED 1\r\n"
-    assert await worker.ask(b"reserve-job 1\r\n") == p.job_reply(b"RESERVED", 1, body)
+    assert await worker.ask(b"reserve-job 1\r\n") == p.reserved(1, body)
     assert_replays(lp, tmp_path)
 
 
@@ -152,7 +152,7 @@ async def test_per_tube_budget(nursery, tmp_path, autojump_clock) -> None:
     tube = await c.ask(b"stats-tube big\r\n")
     assert int(stat(tube, "bytes-on-disk")) == t.spilled_n
     for jid, body in {**small, **big}.items():
-        assert await c.ask(b"peek %d\r\n" % jid) == p.job_reply(b"FOUND", jid, body)
+        assert await c.ask(b"peek %d\r\n" % jid) == p.found(jid, body)
     assert_replays(lp, tmp_path)
 
 
@@ -170,10 +170,10 @@ async def test_fanout_copies_share_one_reference(nursery, tmp_path, autojump_clo
     (f,) = lp.bodies.files.values()
     assert f.refs == 3
     for jid in (1, 2, 3):
-        assert await c.ask(b"peek %d\r\n" % jid) == p.job_reply(b"FOUND", jid, body)
+        assert await c.ask(b"peek %d\r\n" % jid) == p.found(jid, body)
     assert await c.ask(b"delete 1\r\ndelete 2\r\n") == b"DELETED\r\nDELETED\r\n"
     assert f.refs == 1 and lp.bodies.files
-    assert await c.ask(b"peek 3\r\n") == p.job_reply(b"FOUND", 3, body)
+    assert await c.ask(b"peek 3\r\n") == p.found(3, body)
     assert_replays(lp, tmp_path)
     assert await c.ask(b"delete 3\r\n") == b"DELETED\r\n"
     assert not lp.bodies.files
@@ -188,12 +188,12 @@ async def test_a_body_that_cannot_be_read_is_an_internal_error(nursery, tmp_path
     seg = lp.journal.segment.path
     os.truncate(seg, seg.stat().st_size - 100)  # the last body's tail is gone
     assert await c.ask(b"peek 3\r\n") == p.INTERNAL_ERROR
-    assert await c.ask(b"peek 1\r\n") == p.job_reply(b"FOUND", 1, jobs[1])
+    assert await c.ask(b"peek 1\r\n") == p.found(1, jobs[1])
     # A reserve that gets it: the reservation stands (the TTR gives it back),
     # the client hears INTERNAL_ERROR, and the server goes on.
     assert await c.ask(b"reserve-job 3\r\n") == p.INTERNAL_ERROR
     assert lp.state.jobs[3].state == 2
-    assert await c.ask(b"reserve\r\n") == p.job_reply(b"RESERVED", 1, jobs[1])
+    assert await c.ask(b"reserve\r\n") == p.reserved(1, jobs[1])
 
 
 async def test_compaction_moves_references_to_the_new_snapshot(nursery, tmp_path, autojump_clock,
@@ -216,7 +216,7 @@ async def test_compaction_moves_references_to_the_new_snapshot(nursery, tmp_path
     assert not any(p.exists() for p in closed)
     # Deleted, but the store's fds keep them readable until the remap.
     for jid, body in jobs.items():
-        assert await c.ask(b"peek %d\r\n" % jid) == p.job_reply(b"FOUND", jid, body)
+        assert await c.ask(b"peek %d\r\n" % jid) == p.found(jid, body)
     moved = await compactor.remap(lp, snap, closed)
     assert moved > 0
     assert not snapshot.index_path(snap).exists()
@@ -226,7 +226,7 @@ async def test_compaction_moves_references_to_the_new_snapshot(nursery, tmp_path
     fds = open_fds()
     assert not any(str(p) in x for p in closed for x in fds), "their fds are closed"
     for jid, body in jobs.items():
-        assert await c.ask(b"peek %d\r\n" % jid) == p.job_reply(b"FOUND", jid, body)
+        assert await c.ask(b"peek %d\r\n" % jid) == p.found(jid, body)
     # A second fold: the references into the first snapshot move on again.
     jobs.update(await put_many(c, rand_bodies(30, seed=5)))
     closed = lp.journal.closed_segments()
@@ -236,7 +236,7 @@ async def test_compaction_moves_references_to_the_new_snapshot(nursery, tmp_path
     assert not snap.exists()
     assert {f.path for f in store.files.values()} <= {str(snap2), str(lp.journal.segment.path)}
     for jid, body in jobs.items():
-        assert await c.ask(b"peek %d\r\n" % jid) == p.job_reply(b"FOUND", jid, body)
+        assert await c.ask(b"peek %d\r\n" % jid) == p.found(jid, body)
     assert_replays(lp, tmp_path)
 
 
@@ -283,7 +283,7 @@ async def test_recovery_under_a_budget(nursery, tmp_path, autojump_clock) -> Non
     store = BodyStore(12_000)
     st = recover(tmp_path, repair=False, bodies=store).state
     st.check()
-    assert st.bodies is store
+    assert st.on_body_dropped == store.drop
     assert in_memory(st) <= 12_000
     assert st.spilled_bytes > 0
     assert any(f.path == str(snap) for f in store.files.values())
@@ -344,14 +344,14 @@ async def test_a_failed_commit_rebuilds_under_the_budget(nursery, tmp_path, auto
     assert await c.ask(put_cmd(b"lost")) == p.INTERNAL_ERROR
     monkeypatch.undo()
     assert lp.bodies is not old_store and not old_store.files
-    assert lp.state.bodies is lp.bodies
+    assert lp.state.on_body_dropped == lp.bodies.drop
     assert in_memory(lp.state) <= 3000 and lp.state.spilled_bytes
     await trio.sleep(2)  # past the refusal period
     for jid, body in jobs.items():
-        assert await c.ask(b"peek %d\r\n" % jid) == p.job_reply(b"FOUND", jid, body)
+        assert await c.ask(b"peek %d\r\n" % jid) == p.found(jid, body)
     jobs.update(await put_many(c, rand_bodies(5, seed=4)))
     for jid, body in jobs.items():
-        assert await c.ask(b"peek %d\r\n" % jid) == p.job_reply(b"FOUND", jid, body)
+        assert await c.ask(b"peek %d\r\n" % jid) == p.found(jid, body)
     assert_replays(lp, tmp_path)
 
 
@@ -374,7 +374,7 @@ async def test_replica_spills_what_it_applies(nursery, tmp_path, autojump_clock)
     assert in_memory(st) <= 9000 and st.spilled_bytes
     rc = Client(replica)
     for jid, body in jobs.items():
-        assert await rc.ask(b"peek %d\r\n" % jid) == p.job_reply(b"FOUND", jid, body)
+        assert await rc.ask(b"peek %d\r\n" % jid) == p.found(jid, body)
     assert_replays(replica, tmp_path / "r")
     # A full resync: the primary's snapshot installed under the budget.
     closed = primary.journal.closed_segments()
@@ -385,11 +385,11 @@ async def test_replica_spills_what_it_applies(nursery, tmp_path, autojump_clock)
     await replica.call(install_snapshot, replica, tmp, int(snap.stem))
     assert not tmp.exists() and not old_store.files
     st = replica.state
-    assert st.bodies is replica.bodies and in_memory(st) <= 9000 and st.spilled_bytes
+    assert st.on_body_dropped == replica.bodies.drop and in_memory(st) <= 9000 and st.spilled_bytes
     (f,) = replica.bodies.files.values()
     assert f.path == str(tmp_path / "r" / "snapshots" / snap.name)
     for jid in st.jobs:
-        assert await rc.ask(b"peek %d\r\n" % jid) == p.job_reply(b"FOUND", jid, jobs[jid])
+        assert await rc.ask(b"peek %d\r\n" % jid) == p.found(jid, jobs[jid])
 
 
 async def test_replay_equals_live_with_compactions(nursery, tmp_path, autojump_clock) -> None:

@@ -18,8 +18,9 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from smallstalk.core import protocol as p
 from smallstalk.server.policy import Policies, TubePolicy
-from smallstalk.storage import compactor
+from smallstalk.storage import compactor, snapshot_codec
 from smallstalk.storage.recovery import recover
 
 from ..support.harness import Client, make_loop
@@ -32,10 +33,9 @@ POLICIES = Policies(TubePolicy(max_bytes=40), {
 })
 ids = st.integers(1, 12)
 commands = st.one_of(
-    st.builds(lambda pri, d, ttr, body, age: b"put %d %d %d %d%s\r\n%s\r\n" % (
-        pri, d, ttr, len(body), age, body),
+    st.builds(lambda pri, d, ttr, body, age: p.render(p.Put(pri, d, ttr, body, age)),
               st.integers(0, 2000), st.sampled_from([0, 0, 1, 5]), st.integers(0, 4),
-              st.binary(max_size=8), st.sampled_from([b"", b"", b" 2", b" 6"])),
+              st.binary(max_size=8), st.sampled_from([0, 0, 2, 6])),
     st.just(b"delete-tube a+x\r\n"),
     st.just(b"reserve-with-timeout 0\r\n"), st.just(b"reserve-with-timeout 2\r\n"),
     st.builds(lambda i: b"reserve-job %d\r\n" % i, ids),
@@ -50,6 +50,7 @@ commands = st.one_of(
     st.builds(lambda t: b"watch %s\r\n" % t.encode(), st.sampled_from(TUBES)),
     st.builds(lambda t: b"ignore %s\r\n" % t.encode(), st.sampled_from(TUBES)),
     st.builds(lambda t: b"pause-tube %s 2\r\n" % t.encode(), st.sampled_from(TUBES)),
+    st.builds(lambda t: b"flush-tube %s\r\n" % t.encode(), st.sampled_from(TUBES)),
 )
 steps = st.lists(
     st.one_of(
@@ -87,7 +88,7 @@ async def run_steps(data_dir: Path, plan: list) -> None:
         await lp.journal.commit()
         rebuilt = recover(data_dir, repair=False).state
         rebuilt.check()
-        live, again = list(lp.state.dump()), list(rebuilt.dump())
+        live, again = list(snapshot_codec.dump(lp.state)), list(snapshot_codec.dump(rebuilt))
         diff = [(a, b) for a, b in zip(live, again, strict=False) if a != b]
         assert cbor2.dumps(again) == cbor2.dumps(live), diff
         nursery.cancel_scope.cancel()

@@ -17,7 +17,9 @@ from pathlib import Path
 import trio
 import trio.testing
 
-from smallstalk.server.loop import LAZY_SYNC, RETRY_AFTER_FAILURE, MutationLoop
+from smallstalk.core import protocol as p
+from smallstalk.server.commit import LAZY_SYNC, RETRY_AFTER_FAILURE
+from smallstalk.server.loop import MutationLoop
 from smallstalk.storage.journal import INLINE_SYNC_RECORDS, Journal
 from smallstalk.storage.recovery import recover
 from smallstalk.storage.syncer import Syncer
@@ -53,7 +55,7 @@ def start(tmp_path: Path, gate=os.fsync) -> MutationLoop:
 
 
 def puts(n: int, tag: bytes) -> bytes:
-    return b"".join(b"put 0 0 60 3\r\n%s%02d\r\n" % (tag, i) for i in range(n))
+    return b"".join(p.render(p.Put(0, 0, 60, b"%s%02d" % (tag, i))) for i in range(n))
 
 
 def inserted(first: int, n: int) -> bytes:

@@ -12,8 +12,9 @@ import attrs
 import pytest
 
 from smallstalk.core import records
-from smallstalk.core.state import STATE_NAMES, State
-from smallstalk.storage import aof, recovery, snapshot
+from smallstalk.core.state import State
+from smallstalk.core.stats import STATE_NAMES
+from smallstalk.storage import aof, recovery, snapshot, snapshot_codec
 from smallstalk.storage.aof import CorruptionError
 
 from ..support.bsclient import Client, connect, peek_ids, put_cmd, stats_jobs
@@ -183,7 +184,7 @@ def assert_server_matches(port: int, expected: State, ids: list[int]) -> None:
 
 
 def dump(state: State) -> list:
-    return list(state.dump())
+    return list(snapshot_codec.dump(state))
 
 
 # --- torn tail ------------------------------------------------------------------------
@@ -296,7 +297,7 @@ def test_bit_flip_in_closed_segment_stops_startup(data: Path, tmp_path: Path, pa
     victim = fs[len(fs) // 2]
     if part == "header":
         flip_bit(seg, 12, 3)  # inside the first-seq field: the header CRC no longer matches
-        offset, after = 0, "before any record"
+        offset, after = 0, f"after seq {int(seg.stem) - 1}"  # the last good seq
     else:
         flip_bit(seg, frame_flip(victim, part), 0)
         offset = victim.offset

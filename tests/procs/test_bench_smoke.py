@@ -8,19 +8,15 @@ well formed.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from ..support.procs import REPO
+from ..support.procs import REPO, needs_beanstalkd
 
 SERVERS = ("smallstalk", "beanstalkd")
 
-pytestmark = pytest.mark.skipif(shutil.which("beanstalkd") is None,
-                                reason="beanstalkd is not installed (make system-packages)")
+pytestmark = needs_beanstalkd
 
 
 def test_bench_tiny_mode_produces_table_and_json(tmp_path: Path) -> None:

@@ -39,11 +39,14 @@ from smallstalk.client import (
     TubeStats,
 )
 
-from ..support.procs import Server, beanstalkd_path, free_port, start_beanstalkd, start_smallstalk
-
-needs_beanstalkd = pytest.mark.skipif(beanstalkd_path() is None,
-                                      reason="beanstalkd is not installed")
-SERVER_KINDS = ["smallstalk", pytest.param("beanstalkd", marks=needs_beanstalkd)]
+from ..support.procs import (
+    SERVER_KINDS,
+    Server,
+    beanstalkd_path,
+    free_port,
+    start_beanstalkd,
+    start_smallstalk,
+)
 
 
 def start(kind: str, tmp) -> Server:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from ..support.bsclient import Client, put_cmd
+from ..support.configfile import parse_yaml, run_dump, write
 from ..support.procs import REPO, Server, free_port, smallstalk_cmd, wait_for, wait_for_log
-from ..unit.test_config import parse_yaml, run_dump, write
 
 
 def test_config_dump_command_line(tmp_path: Path) -> None:

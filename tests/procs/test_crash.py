@@ -21,7 +21,7 @@ from smallstalk.core import records
 from smallstalk.storage import aof, recovery
 from smallstalk.storage.aof import CorruptionError
 
-from ..support.bsclient import Client, Reply, connect, peek_ids, stats_jobs
+from ..support.bsclient import Client, Reply, connect, peek_ids, put_cmd, stats_jobs
 from ..support.procs import Server, start_smallstalk, wait_for
 
 ROUNDS = int(os.environ.get("SMALLSTALK_CRASH_ROUNDS", "30"))
@@ -223,7 +223,7 @@ class Worker:
         delay = self.rng.choice((0, 0, 0, 0, 0, 0, 1, 2))
         ttr = self.rng.choice((1, 2, 30, 30, 30))
         self.inflight = ("put", body)
-        r = c.call(b"put %d %d %d %d\r\n%s\r\n" % (pri, delay, ttr, len(body), body))
+        r = c.call(put_cmd(body, pri, delay, ttr))
         expect(r.status == b"INSERTED", f"put -> {r.line!r}")
         self.world.inserted(r.id)
         self.jobs[r.id] = JobModel(body, pri, "delayed" if delay else "ready", ttr)
@@ -738,7 +738,7 @@ def test_disk_use_stays_bounded_under_churn(tmp_path: Path, servers: list[Server
     started = time.monotonic()
     with connect(srv.port, timeout=30.0) as c:
         bodies = [b"%06d" % i + b"x" * (CHURN_BODY - 6) for i in range(CHURN_LIVE)]
-        ids = [r.id for r in c.pipeline([b"put 0 0 600 %d\r\n%s\r\n" % (len(b), b) for b in bodies])]
+        ids = [r.id for r in c.pipeline([put_cmd(b, ttr=600) for b in bodies])]
         pri = dict.fromkeys(ids, 0)
         sampler.start()
         done = 0

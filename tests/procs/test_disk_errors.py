@@ -12,7 +12,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from smallstalk.server.loop import RETRY_AFTER_FAILURE
+from smallstalk.server.commit import RETRY_AFTER_FAILURE
 from smallstalk.storage import aof
 
 from ..support.bsclient import Client, Reply, connect, peek_ids, stats_jobs

@@ -1,4 +1,5 @@
-"""The early listener as a process: a client that connects at once is accepted, not refused.
+"""The early listener as a process: a client that connects while the server is still
+recovering is accepted at once, and answered once recovery is done.
 """
 
 from __future__ import annotations
@@ -6,29 +7,56 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
+from pathlib import Path
 
-from ..support.procs import free_port
+import pytest
+
+from smallstalk.core import records
+from smallstalk.storage import aof
+
+from ..support.procs import free_port, wait_listening
+
+JOBS = 400_000  # recovery takes ~3 s here: long enough to connect in the middle of it
+PER_SEGMENT = 50_000
+BODY = b"0123456789"
 
 
-def test_a_client_connecting_at_once_is_not_refused() -> None:
-    """Like client test set-ups: start the binary, connect after 50 ms."""
+def big_data_dir(data: Path) -> None:
+    """JOBS ready jobs, written as the server writes them (no server needed)."""
+    (data / "aof").mkdir(parents=True)
+    for first in range(1, JOBS + 1, PER_SEGMENT):
+        w = aof.SegmentWriter(data / "aof", first)
+        for seq in range(first, min(first + PER_SEGMENT, JOBS + 1)):
+            w.append(records.encode_put(seq, 1_700_000_000 * 10**9, 1, seq, "default", 100, 0,
+                                        60, BODY), seq)
+        w.write()
+        w.sync()
+        w.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_client_connecting_during_recovery_is_accepted(tmp_path: Path) -> None:
+    """Like client test set-ups that connect right after starting the binary:
+    the socket listens before recovery ends, one connect succeeds, and the
+    reply to its first command comes after recovery, with the recovered jobs."""
+    data = tmp_path / "data"
+    big_data_dir(data)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "smallstalk", "-p", str(port)],
-                            stderr=subprocess.DEVNULL)
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "smallstalk", "-l", "127.0.0.1",
+                                 "-p", str(port), "--data-dir", str(data)], stderr=log)
     try:
-        time.sleep(0.05)
-        deadline = time.monotonic() + 5  # generous: CI machines are shared
-        while True:
-            try:
-                s = socket.create_connection(("127.0.0.1", port), timeout=30)
-                break
-            except ConnectionRefusedError:
-                assert time.monotonic() < deadline, "not listening 5 s after start"
-                time.sleep(0.005)
-        with s:
-            s.sendall(b"list-tube-used\r\n")
-            assert s.recv(100) == b"USING default\r\n"
+        wait_listening(port, proc, timeout=60)
+        assert b"recovered" not in log_path.read_bytes(), "listening only after recovery"
+        with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
+            s.sendall(b"peek %d\r\n" % JOBS)
+            want = b"FOUND %d %d\r\n%s\r\n" % (JOBS, len(BODY), BODY)
+            reply = b""
+            while len(reply) < len(want) and (chunk := s.recv(4096)):
+                reply += chunk
+        assert reply == want
+        assert b"recovered %d jobs" % JOBS in log_path.read_bytes()
     finally:
         proc.kill()
         proc.wait()

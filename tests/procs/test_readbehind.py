@@ -20,6 +20,7 @@ from smallstalk.storage.recovery import recover
 
 from ..support.bsclient import Client, peek_ids, put_cmd
 from ..support.procs import REPO, Server, start_smallstalk, wait_for
+from ..support.threads import start as start_thread
 
 TOTAL = int(os.environ.get("SMALLSTALK_READBEHIND_BYTES", str(512 << 20)))
 ROUNDS = int(os.environ.get("SMALLSTALK_READBEHIND_ROUNDS", "3"))
@@ -61,6 +62,8 @@ def _producer(port: int, acked: dict[int, bytes], stop: threading.Event, seed: i
                 c.send(b"".join(put_cmd(b, ttr=600) for b in bodies))
                 for b in bodies:
                     reply = c.read()
+                    # A reply other than INSERTED fails the test (the thread's
+                    # join re-raises it); only the kill ends the loop quietly.
                     assert reply.status == b"INSERTED", reply
                     acked[reply.id] = hashlib.sha256(b).digest()
     except (OSError, ConnectionError, EOFError):
@@ -91,17 +94,16 @@ def test_sigkill_rounds_keep_every_acknowledged_body(tmp_path: Path) -> None:
                     deleted.add(jid)
                 stats = c.call(b"stats\r\n").yaml()
                 assert int(stats["bytes-in-memory"]) <= 1 << 20
+            before = len(acked)
             stop = threading.Event()
-            threads = [threading.Thread(target=_producer, args=(srv.port, acked, stop, k + rnd_i))
-                       for k in range(2)]
-            for t in threads:
-                t.start()
+            threads = [start_thread(_producer, srv.port, acked, stop, k + rnd_i) for k in range(2)]
             time.sleep(rnd.uniform(1.0, 2.5))
         finally:
             srv.kill()
         stop.set()
         for t in threads:
             t.join(30)
+        assert len(acked) > before, f"round {rnd_i}: no put was acknowledged before the kill"
     state = recover(data, repair=False).state
     live = set(acked) - deleted
     assert live <= set(state.jobs)

@@ -9,12 +9,15 @@ import threading
 import time
 from pathlib import Path
 
+import attrs
 import cbor2
 import greenstalk
 
+from smallstalk.storage import snapshot_codec
 from smallstalk.storage.recovery import recover
 
 from ..support.procs import Server, free_port, start_smallstalk, wait_for
+from ..support.threads import start as start_thread
 
 
 def stats(port: int) -> dict:
@@ -27,7 +30,7 @@ def caught_up(primary: Server, replica: Server) -> bool:
 
 
 def durable_state(data: Path) -> bytes:
-    return cbor2.dumps(list(recover(data, repair=False).state.dump()))
+    return cbor2.dumps(list(snapshot_codec.dump(recover(data, repair=False).state)))
 
 
 def replica_of(tmp: Path, primary: Server, name: str = "replica", *flags: str) -> Server:
@@ -35,24 +38,58 @@ def replica_of(tmp: Path, primary: Server, name: str = "replica", *flags: str) -
                             data_dir=tmp / name)
 
 
-def load(port: int, tube: str, n: int, acked: list, stop: threading.Event | None = None) -> None:
-    """A producer/worker mix; records every acknowledged put id."""
-    with greenstalk.Client(("127.0.0.1", port), use=tube, watch=tube) as c:
-        for i in range(n):
-            if stop is not None and stop.is_set():
-                return
-            try:
-                acked.append(c.put(f"{tube}-{i}", priority=i % 7, delay=(i % 5 == 0) * 100))
+@attrs.define
+class Work:
+    """What a load run got acknowledged: the ids put, and those it deleted again."""
+
+    acked: list[int] = attrs.Factory(list)
+    deleted: set[int] = attrs.Factory(set)
+
+
+def load(port: int, tube: str, n: int, stop: threading.Event | None = None,
+         work: Work | None = None) -> Work:
+    """A producer/worker mix, recording every acknowledged put and delete. Only a
+    run given `stop` (its server is killed under it) may end early on a lost
+    connection; any other run puts all n jobs or fails."""
+    work = work or Work()
+    try:
+        with greenstalk.Client(("127.0.0.1", port), use=tube, watch=tube) as c:
+            for i in range(n):
+                if stop is not None and stop.is_set():
+                    break
+                work.acked.append(c.put(f"{tube}-{i}", priority=i % 7,
+                                        delay=(i % 5 == 0) * 100))
                 if i % 3 == 0:
-                    job = c.reserve(timeout=0)
+                    try:
+                        job = c.reserve(timeout=0)
+                    except greenstalk.TimedOutError:
+                        continue
                     if i % 2:
                         c.delete(job)
+                        work.deleted.add(job.id)
                     else:
                         c.release(job, priority=3)
-            except (greenstalk.TimedOutError, greenstalk.NotFoundError):
-                pass
-            except (ConnectionError, OSError, greenstalk.UnknownResponseError):
-                return
+    except (ConnectionError, OSError, greenstalk.UnknownResponseError):
+        if stop is None:
+            raise
+    if stop is None:
+        assert len(work.acked) == n, f"{len(work.acked)} of {n} puts acknowledged"
+    return work
+
+
+def assert_holds(port: int, *works: Work) -> None:
+    """Some work was acknowledged, and the server on `port` holds every job of
+    it that was not deleted."""
+    live = [j for w in works for j in w.acked if j not in w.deleted]
+    assert live, "no acknowledged put to look for"
+    missing = []
+    with greenstalk.Client(("127.0.0.1", port)) as c:
+        for job_id in live:
+            try:
+                c.stats_job(job_id)
+            except greenstalk.NotFoundError:
+                missing.append(job_id)
+    assert not missing, f"{len(missing)} of {len(live)} acknowledged jobs missing: {missing[:10]}"
 
 
 def test_replica_converges_under_concurrent_load(tmp_path: Path) -> None:
@@ -60,13 +97,14 @@ def test_replica_converges_under_concurrent_load(tmp_path: Path) -> None:
                                data_dir=tmp_path / "primary")
     replica = replica_of(tmp_path, primary)
     try:
-        threads = [threading.Thread(target=load, args=(primary.port, f"t{k}", 300, []))
+        works: list[Work] = []
+        threads = [start_thread(lambda k=k: works.append(load(primary.port, f"t{k}", 300)))
                    for k in range(4)]
-        for t in threads:
-            t.start()
         for t in threads:
             t.join(120)
         wait_for(lambda: caught_up(primary, replica), what="replica catching up")
+        assert len(works) == 4
+        assert_holds(replica.port, *works)
         st = stats(replica.port)
         assert st["role"] == "replica" and st["replication-connected"] == "true"
         assert st["current-jobs-ready"] == stats(primary.port)["current-jobs-ready"]
@@ -101,13 +139,14 @@ def test_replica_restart_resumes(tmp_path: Path) -> None:
     primary = start_smallstalk(tmp_path, data_dir=tmp_path / "primary")
     replica = replica_of(tmp_path, primary)
     try:
-        load(primary.port, "a", 100, [])
+        a = load(primary.port, "a", 100)
         wait_for(lambda: caught_up(primary, replica))
         replica.kill()
-        load(primary.port, "b", 100, [])
+        b = load(primary.port, "b", 100)
         replica = replica_of(tmp_path, primary)
         wait_for(lambda: caught_up(primary, replica))
         assert "full resync" not in replica.log()
+        assert_holds(replica.port, a, b)
     finally:
         primary.stop()
         replica.stop()
@@ -119,16 +158,17 @@ def test_replica_far_behind_a_compacted_primary_resyncs_from_a_snapshot(tmp_path
                                "--compact-segments", "1", data_dir=tmp_path / "primary")
     replica = replica_of(tmp_path, primary)
     try:
-        load(primary.port, "a", 30, [])
+        a = load(primary.port, "a", 30)
         wait_for(lambda: caught_up(primary, replica))
         replica.stop()
-        load(primary.port, "b", 200, [])
+        b = load(primary.port, "b", 200)
         aof_dir = tmp_path / "primary" / "aof"
         wait_for(lambda: min(int(p.stem) for p in aof_dir.glob("*.aof")) > 100,
                  what="primary compacting its early segments")
         replica = replica_of(tmp_path, primary)
         wait_for(lambda: caught_up(primary, replica))
         assert "full resync" in replica.log()
+        assert_holds(replica.port, a, b)
     finally:
         primary.stop()
         replica.stop()
@@ -139,15 +179,13 @@ def test_failover_with_min_replica_acks_loses_no_acknowledged_put(tmp_path: Path
     primary = start_smallstalk(tmp_path, "--min-replica-acks", "1",
                                data_dir=tmp_path / "primary")
     replica = replica_of(tmp_path, primary)
-    acked: list[int] = []
+    works = [Work() for _ in range(3)]
     stop = threading.Event()
     try:
         wait_for(lambda: stats(primary.port)["replicas"] == 1)
-        threads = [threading.Thread(target=load, args=(primary.port, f"f{k}", 10_000, acked, stop))
-                   for k in range(3)]
-        for t in threads:
-            t.start()
-        wait_for(lambda: len(acked) > 300, what="some acknowledged puts")
+        threads = [start_thread(load, primary.port, f"f{k}", 10_000, stop, w)
+                   for k, w in enumerate(works)]
+        wait_for(lambda: sum(len(w.acked) for w in works) > 300, what="some acknowledged puts")
         with greenstalk.Client(("127.0.0.1", primary.port), use="held", watch="held") as c:
             c.put("reserved on the old primary", ttr=3600)
             held = c.reserve(timeout=5)
@@ -155,6 +193,8 @@ def test_failover_with_min_replica_acks_loses_no_acknowledged_put(tmp_path: Path
             stop.set()
         for t in threads:
             t.join(30)
+        acked = [j for w in works for j in w.acked]
+        assert len(acked) > 300
         started = time.monotonic()
         out = subprocess.run([sys.executable, "-m", "smallstalk", "promote",
                               f"127.0.0.1:{replica.port}"], capture_output=True, text=True,
@@ -217,8 +257,9 @@ def test_old_primary_cannot_feed_the_promoted_one(tmp_path: Path) -> None:
     primary = start_smallstalk(tmp_path, data_dir=tmp_path / "primary")
     replica = replica_of(tmp_path, primary)
     try:
-        load(primary.port, "a", 50, [])
+        a = load(primary.port, "a", 50)
         wait_for(lambda: caught_up(primary, replica))
+        assert_holds(replica.port, a)
         primary.stop()
         out = subprocess.run([sys.executable, "-m", "smallstalk", "promote",
                               f"127.0.0.1:{replica.port}"], capture_output=True, text=True,
@@ -232,7 +273,8 @@ def test_old_primary_cannot_feed_the_promoted_one(tmp_path: Path) -> None:
         # wrongly pointed at it: it must refuse to take the old history.
         port = primary.port
         primary = start_smallstalk(tmp_path, data_dir=tmp_path / "primary", port=port)
-        load(primary.port, "old", 20, [])
+        old = load(primary.port, "old", 20)
+        assert_holds(primary.port, old)
         replica = replica_of(tmp_path, primary)
         wait_for(lambda: "newer than ours" in replica.log(), what="the refusal")
         assert stats(replica.port)["replication-connected"] == "false"
@@ -247,8 +289,9 @@ def test_lag_is_reported(tmp_path: Path) -> None:
     primary = start_smallstalk(tmp_path, data_dir=tmp_path / "primary")
     replica = replica_of(tmp_path, primary)
     try:
-        load(primary.port, "a", 20, [])
+        a = load(primary.port, "a", 20)
         wait_for(lambda: caught_up(primary, replica))
+        assert_holds(replica.port, a)
         st = stats(replica.port)
         assert st["replication-lag-records"] == 0
         assert float(st["replication-lag-seconds"]) == 0.0

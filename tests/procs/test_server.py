@@ -13,6 +13,7 @@ from pathlib import Path
 import greenstalk
 import pytest
 
+from ..support.bsclient import put_cmd
 from ..support.procs import free_port, start_smallstalk
 
 
@@ -108,7 +109,7 @@ def test_disconnect_releases_reservation(server) -> None:
 
 def test_pipelined_commands_in_one_send(server) -> None:
     n = 200
-    data = b"use pipe\r\n" + b"".join(b"put 0 0 10 3\r\n%03d\r\n" % i for i in range(n))
+    data = b"use pipe\r\n" + b"".join(put_cmd(b"%03d" % i, ttr=10) for i in range(n))
     data += b"watch pipe\r\nignore default\r\n" + b"reserve\r\n" * n
     reply = raw(server, data, b"", timeout=20,
                 done=lambda out: out.count(b"RESERVED") == n and out.endswith(b"\r\n"))

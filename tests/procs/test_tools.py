@@ -29,8 +29,10 @@ import greenstalk
 import pytest
 
 from smallstalk.core import records
-from smallstalk.ops import tools
-from smallstalk.storage import aof, history
+from smallstalk.ops import aof as aof_tool
+from smallstalk.ops import format as fmt
+from smallstalk.ops import job_history, replay
+from smallstalk.storage import aof, history, snapshot_codec
 
 from ..support.procs import REPO, Server, start_smallstalk
 
@@ -168,7 +170,7 @@ T = "YYYY-MM-DD hh:mm:ss.mmmZ"
 
 
 def test_aof_ls(log_dir: Path) -> None:
-    assert run_n(tools.main_aof, log_dir, "ls", log_dir, "--utc") == (0, f"""\
+    assert run_n(aof_tool.main, log_dir, "ls", log_dir, "--utc") == (0, f"""\
 data directory DATA (times in UTC)
 
 snapshots: none
@@ -185,7 +187,7 @@ segments
 
 
 def test_aof_ls_folded(folded_dir: Path) -> None:
-    assert run_n(tools.main_aof, folded_dir, "ls", folded_dir, "--utc") == (0, f"""\
+    assert run_n(aof_tool.main, folded_dir, "ls", folded_dir, "--utc") == (0, f"""\
 data directory DATA (times in UTC)
 
 snapshots
@@ -203,7 +205,7 @@ seqs 1..30 are no longer in the log: folded away by the compactor into snapshots
 
 
 def test_aof_ls_jsonl(log_dir: Path) -> None:
-    code, out, err = run(tools.main_aof, "ls", log_dir, "--format", "jsonl")
+    code, out, err = run(aof_tool.main, "ls", log_dir, "--format", "jsonl")
     rows = [json.loads(line) for line in out.splitlines()]
     assert (code, err) == (0, "")
     assert [(r["file"], r["first_seq"], r["last_seq"], r["records"], r["status"], r["last"])
@@ -258,11 +260,11 @@ DUMP = f"""\
 
 
 def test_aof_dump_text(log_dir: Path) -> None:
-    assert run_n(tools.main_aof, log_dir, "dump", log_dir, "--utc") == (0, DUMP, "")
+    assert run_n(aof_tool.main, log_dir, "dump", log_dir, "--utc") == (0, DUMP, "")
 
 
 def dumped_seqs(data: Path, *filters: object) -> list[int]:
-    code, out, err = run(tools.main_aof, "dump", data, "--format", "jsonl", *filters)
+    code, out, err = run(aof_tool.main, "dump", data, "--format", "jsonl", *filters)
     assert (code, err) == (0, ""), err
     return [json.loads(line)["seq"] for line in out.splitlines()]
 
@@ -286,7 +288,7 @@ def test_aof_dump_filters(log_dir: Path) -> None:
 
 
 def test_aof_dump_jsonl_has_every_field(log_dir: Path) -> None:
-    code, out, err = run(tools.main_aof, "dump", log_dir, "--format", "jsonl")
+    code, out, err = run(aof_tool.main, "dump", log_dir, "--format", "jsonl")
     assert (code, err) == (0, "")
     expected = []
     for _first, path in aof.list_segments(log_dir / "aof"):
@@ -306,7 +308,7 @@ def test_aof_dump_jsonl_has_every_field(log_dir: Path) -> None:
 
 
 def test_aof_dump_folded_says_so(folded_dir: Path) -> None:
-    code, out, err = run_n(tools.main_aof, folded_dir, "dump", folded_dir, "--utc",
+    code, out, err = run_n(aof_tool.main, folded_dir, "dump", folded_dir, "--utc",
                            "--from-seq", 5)
     assert code == 0
     assert out == f"""\
@@ -317,7 +319,7 @@ def test_aof_dump_folded_says_so(folded_dir: Path) -> None:
 
 
 def test_aof_dump_bad_op_is_a_usage_error(log_dir: Path) -> None:
-    code, out, err = run(tools.main_aof, "dump", log_dir, "--op", "frobnicate")
+    code, out, err = run(aof_tool.main, "dump", log_dir, "--op", "frobnicate")
     assert (code, out) == (2, "")
     assert "unknown --op frobnicate" in err and "pause-tube" in err
 
@@ -326,7 +328,7 @@ def test_aof_dump_bad_op_is_a_usage_error(log_dir: Path) -> None:
 
 
 def test_aof_verify(log_dir: Path, folded_dir: Path) -> None:
-    assert run_n(tools.main_aof, log_dir, "verify", log_dir) == (0, """\
+    assert run_n(aof_tool.main, log_dir, "verify", log_dir) == (0, """\
 verifying DATA
   check    file                          status  detail
   segment  aof/00000000000000000001.aof  ok      seqs 1..8, 8 records
@@ -337,7 +339,7 @@ verifying DATA
   replay                                 ok      the empty state + 30 records -> state at seq 30: 4 jobs, 3 tubes, 2 connections
 verdict: OK (no damage)
 """, "")
-    assert run_n(tools.main_aof, folded_dir, "verify", folded_dir) == (0, """\
+    assert run_n(aof_tool.main, folded_dir, "verify", folded_dir) == (0, """\
 verifying DATA
   check     file                                 status  detail
   snapshot  snapshots/00000000000000000030.snap  ok      seq 30: 4 jobs, 3 tubes, 2 connections
@@ -354,13 +356,13 @@ def test_aof_verify_checks_snapshot_against_log(log_dir: Path, folded_dir: Path,
     data = tmp_path / "both"
     shutil.copytree(log_dir, data)
     shutil.copytree(folded_dir / "snapshots", data / "snapshots")
-    code, out, err = run_n(tools.main_aof, data, "verify", data)
+    code, out, err = run_n(aof_tool.main, data, "verify", data)
     assert (code, err) == (0, "")
     assert ("replay                                         ok      the empty state + 30 records "
             "-> state at seq 30: 4 jobs, 3 tubes, 2 connections; agrees with snapshot "
             "00000000000000000030.snap") in out
     # The log holds the seqs the snapshot covers: the tools use them, nothing is folded.
-    code, out, err = run(tools.main_job_history, data, 1)
+    code, out, err = run(job_history.main, data, 1)
     assert (code, err) == (0, "") and "deleted at seq 17 by conn 2" in out
     # A snapshot that disagrees with the log is damage, named.
     snap = data / "snapshots" / aof.snapshot_name(30)
@@ -370,7 +372,7 @@ def test_aof_verify_checks_snapshot_against_log(log_dir: Path, folded_dir: Path,
     from smallstalk.storage import snapshot
 
     snapshot.write(data / "snapshots", 30, items)
-    code, out, err = run_n(tools.main_aof, data, "verify", data)
+    code, out, err = run_n(aof_tool.main, data, "verify", data)
     assert code == 1
     assert ("  snapshot  snapshots/00000000000000000030.snap  DAMAGED  seq 30: 4 jobs, 3 tubes, "
             "2 connections; disagrees with the log at seq 30\n") in out
@@ -399,7 +401,7 @@ def test_aof_verify_names_a_bad_checksum(log_dir: Path, tmp_path: Path) -> None:
     raw = bytearray(seg.read_bytes())
     raw[off + aof.FRAME.size + 2] ^= 0x40  # one bit in the payload of seq 12
     seg.write_bytes(bytes(raw))
-    code, out, err = run_n(tools.main_aof, data, "verify", data)
+    code, out, err = run_n(aof_tool.main, data, "verify", data)
     assert (code, err) == (1, "")
     assert out == f"""\
 verifying DATA
@@ -414,18 +416,18 @@ verdict: DAMAGED (1 problem)
   aof/00000000000000000009.aof: checksum mismatch at offset {off} (after seq 11)
 """
     # The readers stop there too, naming the same place.
-    code, out, err = run_n(tools.main_aof, data, "dump", data)
+    code, out, err = run_n(aof_tool.main, data, "dump", data)
     assert code == 1 and out.count("\n") == 12  # header + seqs 1..11
     assert err == (f"smallstalk: damage: aof/00000000000000000009.aof: checksum mismatch at "
                    f"offset {off} (after seq 11)\n")
-    assert run(tools.main_replay, data, "--until-seq", 20)[0] == 1
-    assert run(tools.main_replay, data, "--until-seq", 10)[0] == 0
+    assert run(replay.main, data, "--until-seq", 20)[0] == 1
+    assert run(replay.main, data, "--until-seq", 10)[0] == 0
 
 
 def test_aof_verify_names_a_sequence_gap(log_dir: Path, tmp_path: Path) -> None:
     data = damaged_copy(log_dir, tmp_path)
     (data / "aof" / "00000000000000000017.aof").unlink()
-    code, out, err = run_n(tools.main_aof, data, "verify", data)
+    code, out, err = run_n(aof_tool.main, data, "verify", data)
     assert (code, err) == (1, "")
     assert out.endswith("""\
   segment  aof/00000000000000000025.aof  DAMAGED  seqs 25..30, 6 records
@@ -443,7 +445,7 @@ def test_torn_tail_is_a_warning_not_damage(log_dir: Path, tmp_path: Path) -> Non
     size = seg.stat().st_size
     with open(seg, "ab") as f:
         f.write(aof.FRAME.pack(40, 0) + b"half a reco")
-    code, out, err = run_n(tools.main_aof, data, "verify", data)
+    code, out, err = run_n(aof_tool.main, data, "verify", data)
     warning = (f"warning: aof/00000000000000000025.aof: the last segment ends in 19 bytes that "
                f"are not a complete record (frame runs past the end of the file) at offset "
                f"{size}, after seq 30: a write in progress if a server is running, else a torn "
@@ -456,15 +458,15 @@ def test_torn_tail_is_a_warning_not_damage(log_dir: Path, tmp_path: Path) -> Non
 {warning}
 verdict: OK (no damage, 1 warning)
 """)
-    assert run_n(tools.main_aof, data, "dump", data, "--utc") == (0, DUMP, warning + "\n")
-    code, out, err = run_n(tools.main_aof, data, "ls", data, "--utc")
+    assert run_n(aof_tool.main, data, "dump", data, "--utc") == (0, DUMP, warning + "\n")
+    code, out, err = run_n(aof_tool.main, data, "ls", data, "--utc")
     assert code == 0
     assert out.splitlines()[-3].endswith(
         f"{size + 19} B  torn tail: 19 B after offset {size}; last (open while a server runs)")
     # A bad frame with a good one after it is damage, even in the last segment.
     with open(seg, "ab") as f:
         f.write(aof.frame(records.encode(records.Restart(31, 1))))
-    code, out, err = run_n(tools.main_aof, data, "verify", data)
+    code, out, err = run_n(aof_tool.main, data, "verify", data)
     assert code == 1 and (f"  aof/00000000000000000025.aof: frame runs past the end of the "
                           f"file at offset {size} (after seq 30)") in out
 
@@ -488,7 +490,7 @@ id  tube    state     pri      age  delay  ttr  time-left  expires  reserver  re
 
 
 def test_replay(log_dir: Path, folded_dir: Path) -> None:
-    assert run_n(tools.main_replay, log_dir, log_dir, "--until-seq", 18, "--jobs",
+    assert run_n(replay.main, log_dir, log_dir, "--until-seq", 18, "--jobs",
                  "--utc") == (0, f"""\
 state at seq 18 ({T}): the empty state + 18 records
 2 jobs: 0 ready, 1 delayed, 1 reserved, 0 buried; 2 connections; 3 put in all, 1 TTR timeout
@@ -501,11 +503,11 @@ id  tube    state     pri      age  delay  ttr  time-left  expires  reserver  re
  2  emails  reserved  200        ~      0   60          ~        -         2         1         0         0       0      0  7 B "email-2"
  3  emails  delayed   300        ~   3600   60          ~        -         -         0         0         0       0      0  7 B "email-3"
 """, "")
-    assert run_n(tools.main_replay, log_dir, log_dir, "--until-seq", 30, "--jobs",
+    assert run_n(replay.main, log_dir, log_dir, "--until-seq", 30, "--jobs",
                  "--utc") == (0, f"state at seq 30 ({T}): the empty state + 30 records\n"
                               + REPLAY_30, "")
     # The snapshot the compactor wrote gives the same state as the records did.
-    assert run_n(tools.main_replay, folded_dir, folded_dir, "--until-seq", 30, "--jobs",
+    assert run_n(replay.main, folded_dir, folded_dir, "--until-seq", 30, "--jobs",
                  "--utc") == (0, f"state at seq 30 ({T}): snapshot 00000000000000000030.snap "
                               f"+ 0 records\n" + REPLAY_30, "")
 
@@ -513,7 +515,7 @@ id  tube    state     pri      age  delay  ttr  time-left  expires  reserver  re
 def test_replay_until_a_time(log_dir: Path) -> None:
     times = times_of(log_dir)
     at = iso((times[18] + times[19]) // 2)
-    code, out, err = run_n(tools.main_replay, log_dir, log_dir, "--until", at, "--utc",
+    code, out, err = run_n(replay.main, log_dir, log_dir, "--until", at, "--utc",
                            "--tube", "emails")
     assert (code, err) == (0, "")
     assert out == f"""\
@@ -523,12 +525,12 @@ state at {T} (after seq 18): the empty state + 18 records
 tube    ready  delayed  reserved  buried  total  expired  discarded   paused
 emails      0        1         1       0      2        0          0        -
 """
-    code, out, err = run(tools.main_replay, log_dir, "--until", at, "--jobs",
+    code, out, err = run(replay.main, log_dir, "--until", at, "--jobs",
                          "--format", "jsonl", "--state", "reserved")
     lines = [json.loads(line) for line in out.splitlines()]
     assert (code, err) == (0, "")
     assert (lines[0]["seq"], lines[0]["records_applied"], lines[0]["time"]) == (
-        18, 18, tools.Clock(utc=True).parse(at))
+        18, 18, fmt.Clock(utc=True).parse(at))
     assert [(x["kind"], x.get("name") or x.get("id")) for x in lines[1:]] == [
         ("tube", "default"), ("tube", "emails"), ("job", 2)]
     assert lines[-1]["reserver"] == 2 and lines[-1]["body"] == base64_of(b"email-2")
@@ -536,12 +538,12 @@ emails      0        1         1       0      2        0          0        -
 
 
 def test_replay_of_folded_history_says_so(folded_dir: Path, log_dir: Path) -> None:
-    assert run(tools.main_replay, folded_dir, "--until-seq", 17) == (
+    assert run(replay.main, folded_dir, "--until-seq", 17) == (
         3, "", "smallstalk: the state at seq 17 cannot be rebuilt (the oldest state that can is "
                f"at seq 30). Records 1..30 are {FOLDED}\n")
-    assert run(tools.main_replay, log_dir, "--until-seq", 31) == (
+    assert run(replay.main, log_dir, "--until-seq", 31) == (
         1, "", "smallstalk: seq 31 is beyond the end of the log (the last record is seq 30)\n")
-    assert run(tools.main_replay, log_dir)[0] == 2  # --until-seq or --until is required
+    assert run(replay.main, log_dir)[0] == 2  # --until-seq or --until is required
 
 
 def files_of(data: Path) -> dict[str, tuple[int, int, str]]:
@@ -552,7 +554,7 @@ def files_of(data: Path) -> dict[str, tuple[int, int, str]]:
 
 def test_replay_write_snapshot_starts_a_server(log_dir: Path, tmp_path: Path) -> None:
     target = tmp_path / "at-18.snap"
-    code, out, err = run(tools.main_replay, log_dir, "--until-seq", 18, "--write-snapshot",
+    code, out, err = run(replay.main, log_dir, "--until-seq", 18, "--write-snapshot",
                          target)
     name = aof.snapshot_name(18)
     assert code == 0 and out.startswith("state at seq 18 ")
@@ -564,15 +566,15 @@ def test_replay_write_snapshot_starts_a_server(log_dir: Path, tmp_path: Path) ->
     assert sorted(p.name for p in tmp_path.iterdir()) == ["at-18.snap"]  # no temp files left
     # The same items the compactor writes for that state.
     assert list(history.iter_snapshot(target)) == list(
-        tools.rebuild(log_dir, until_seq=18).state.dump())
+        snapshot_codec.dump(replay.rebuild(log_dir, until_seq=18).state))
     # A directory as the target: the name a server looks for.
     (tmp_path / "dir").mkdir()
-    assert run(tools.main_replay, log_dir, "--until-seq", 18, "--write-snapshot",
+    assert run(replay.main, log_dir, "--until-seq", 18, "--write-snapshot",
                tmp_path / "dir")[0] == 0
     assert (tmp_path / "dir" / name).read_bytes() == target.read_bytes()
     # Never into the data directory.
     before = files_of(log_dir)
-    code, _, err = run(tools.main_replay, log_dir, "--until-seq", 18, "--write-snapshot",
+    code, _, err = run(replay.main, log_dir, "--until-seq", 18, "--write-snapshot",
                        log_dir / "snapshots")
     assert code == 2 and "inside the data directory" in err
     assert files_of(log_dir) == before
@@ -607,7 +609,7 @@ def test_replay_write_snapshot_starts_a_server(log_dir: Path, tmp_path: Path) ->
 
 
 def test_job_history_of_a_job_that_did_everything(log_dir: Path) -> None:
-    assert run_n(tools.main_job_history, log_dir, log_dir, 1, "--utc") == (0, f"""\
+    assert run_n(job_history.main, log_dir, log_dir, 1, "--utc") == (0, f"""\
 job 1 (tube emails): put at seq 4 by conn 1; deleted at seq 17 by conn 2
 
 seq  time                          step     held  state     event
@@ -630,7 +632,7 @@ lifetime            ~  put to delete
 
 
 def test_job_history_disconnect_and_restart(log_dir: Path) -> None:
-    assert run_n(tools.main_job_history, log_dir, log_dir, 2, "--utc") == (0, f"""\
+    assert run_n(job_history.main, log_dir, log_dir, 2, "--utc") == (0, f"""\
 job 2 (tube emails): put at seq 5 by conn 1; reserved at the end of the log
 
 seq  time                          step     held  state     event
@@ -649,7 +651,7 @@ lifetime            ~  put to end of the log, still alive
 
 
 def test_job_history_jsonl_durations(log_dir: Path) -> None:
-    code, out, err = run(tools.main_job_history, log_dir, 1, "--format", "jsonl")
+    code, out, err = run(job_history.main, log_dir, 1, "--format", "jsonl")
     lines = [json.loads(line) for line in out.splitlines()]
     assert (code, err) == (0, "")
     steps, summary = lines[:-1], lines[-1]
@@ -671,7 +673,7 @@ def test_job_history_jsonl_durations(log_dir: Path) -> None:
 
 
 def test_job_history_of_folded_history(folded_dir: Path) -> None:
-    code, out, err = run_n(tools.main_job_history, folded_dir, folded_dir, 2, "--utc")
+    code, out, err = run_n(job_history.main, folded_dir, folded_dir, 2, "--utc")
     assert code == 0
     assert out == f"""\
 job 2 (tube emails): put before the log begins; ready at the end of the log
@@ -686,10 +688,10 @@ since seq 30        ~  the snapshot to end of the log, still alive
   reserved          ~  1 reservation: 1 ended by a server restart
 """
     assert err == f"note: job 2's history before seq 31 is gone. Records 1..30 are {FOLDED}\n"
-    assert run(tools.main_job_history, folded_dir, 1) == (
+    assert run(job_history.main, folded_dir, 1) == (
         3, "", "smallstalk: job 1 was put and deleted by seq 30: its whole history is gone. "
                f"Records 1..30 are {FOLDED}\n")
-    assert run(tools.main_job_history, folded_dir, 77) == (
+    assert run(job_history.main, folded_dir, 77) == (
         1, "", "smallstalk: no job 77 in the log (the log ends at seq 31)\n")
 
 
@@ -717,18 +719,18 @@ def kept_dir(log_dir: Path, tmp_path_factory) -> Path:
 def test_tools_with_retained_segments(kept_dir: Path) -> None:
     data = kept_dir
     folded = FOLDED
-    code, out, err = run_n(tools.main_aof, data, "ls", data, "--utc")
+    code, out, err = run_n(aof_tool.main, data, "ls", data, "--utc")
     assert code == 0 and out.endswith(
         "seqs 1..16 are no longer in the log: folded away by the compactor into "
         "snapshots/00000000000000000030.snap (only the state is kept)\n")
     assert "  00000000000000000017.aof  17..24        8" in out and "covered by the snapshot" in out
     assert dumped_seqs_and_note(data) == (list(range(17, 32)), f"note: records 1..16 are {folded} "
                                           "Showing the records the log holds.\n")
-    code, out, err = run_n(tools.main_aof, data, "verify", data)
+    code, out, err = run_n(aof_tool.main, data, "verify", data)
     assert (code, err) == (0, "") and ("snapshot 00000000000000000030.snap + 1 record -> state "
                                        "at seq 31") in out
     # Job 2's reservations after seq 16 are in the log; its put is not.
-    code, out, err = run_n(tools.main_job_history, data, data, 2, "--utc")
+    code, out, err = run_n(job_history.main, data, data, 2, "--utc")
     assert code == 0
     assert err == f"note: job 2's history before seq 17 is gone. Records 1..16 are {folded}\n"
     assert out == f"""\
@@ -748,12 +750,12 @@ since seq 18        ~  its first step shown to end of the log, still alive
   reserved          ~  3 reservations: 1 ended by disconnect, 2 ended by a server restart
 """
     # States between the kept records and the snapshot cannot be rebuilt: no snapshot there.
-    assert run(tools.main_replay, data, "--until-seq", 20)[0] == 3
-    assert run(tools.main_replay, data, "--until-seq", 31)[0] == 0
+    assert run(replay.main, data, "--until-seq", 20)[0] == 3
+    assert run(replay.main, data, "--until-seq", 31)[0] == 0
 
 
 def dumped_seqs_and_note(data: Path) -> tuple[list[int], str]:
-    code, out, err = run(tools.main_aof, "dump", data, "--format", "jsonl")
+    code, out, err = run(aof_tool.main, "dump", data, "--format", "jsonl")
     assert code == 0
     return [json.loads(line)["seq"] for line in out.splitlines()], norm(err, data)
 
@@ -783,12 +785,12 @@ def test_the_tools_never_write_into_the_data_directory(log_dir: Path, folded_dir
         before = files_of(data)
         dirs = sorted(p for p in data.rglob("*") if p.is_dir())
         for main, argv in [
-            (tools.main_aof, ["ls", data]), (tools.main_aof, ["dump", data]),
-            (tools.main_aof, ["dump", data, "--tube", "emails", "--format", "jsonl"]),
-            (tools.main_aof, ["verify", data]),
-            (tools.main_replay, [data, "--until-seq", 30, "--jobs"]),
-            (tools.main_replay, [data, "--until-seq", 30, "--write-snapshot", tmp_path]),
-            (tools.main_job_history, [data, 2]),
+            (aof_tool.main, ["ls", data]), (aof_tool.main, ["dump", data]),
+            (aof_tool.main, ["dump", data, "--tube", "emails", "--format", "jsonl"]),
+            (aof_tool.main, ["verify", data]),
+            (replay.main, [data, "--until-seq", 30, "--jobs"]),
+            (replay.main, [data, "--until-seq", 30, "--write-snapshot", tmp_path]),
+            (job_history.main, [data, 2]),
         ]:
             assert run(main, *argv)[0] == 0, argv
         assert files_of(data) == before
@@ -822,13 +824,13 @@ def test_the_tools_on_a_live_server(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline or rounds < 3:
-            code, out, err = run(tools.main_aof, "verify", data)
+            code, out, err = run(aof_tool.main, "verify", data)
             assert code == 0 and "verdict: OK" in out, out + err
-            code, out, err = run(tools.main_aof, "dump", data, "--format", "jsonl")
+            code, out, err = run(aof_tool.main, "dump", data, "--format", "jsonl")
             assert code == 0, err
             seqs = [json.loads(line)["seq"] for line in out.splitlines()]
             assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
-            code, out, err = run(tools.main_replay, data, "--until", iso(time.time_ns() + 10**9),
+            code, out, err = run(replay.main, data, "--until", iso(time.time_ns() + 10**9),
                                  "--format", "jsonl")
             assert code == 0, err
             assert json.loads(out.splitlines()[0])["seq"] >= seqs[-1]
@@ -848,12 +850,12 @@ class FakeTTY(io.StringIO):
 
 def test_progress_only_on_a_terminal(log_dir: Path) -> None:
     out, err = io.StringIO(), FakeTTY()
-    assert tools.main_aof(["dump", str(log_dir)], stdout=out, stderr=err) == 0
+    assert aof_tool.main(["dump", str(log_dir)], stdout=out, stderr=err) == 0
     shown = err.getvalue()
     assert shown.startswith("\rdumping: ") and "%" in shown and shown.endswith("\r\x1b[K")
     assert "\r" not in out.getvalue()
     quiet = io.StringIO()  # not a terminal: nothing
-    line = tools.ProgressLine("x", quiet)
+    line = fmt.ProgressLine("x", quiet)
     line(1, 2)
     line.clear()
     assert quiet.getvalue() == ""
@@ -888,7 +890,7 @@ V2 = REPO / "snapshots" / "v2" / "log-only"
 
 def test_job_history_of_big_tube_jobs() -> None:
     def history_of(jid: int) -> str:
-        code, out, err = run_n(tools.main_job_history, V2, V2, jid, "--utc")
+        code, out, err = run_n(job_history.main, V2, V2, jid, "--utc")
         assert (code, err) == (0, "")
         return out
 
@@ -933,7 +935,7 @@ seq  time                          step     held  state  event
 lifetime            ~  put to end of the log, still alive
   ready             ~
 """
-    code, out, _err = run(tools.main_job_history, V2, 20, "--format", "jsonl")
+    code, out, _err = run(job_history.main, V2, 20, "--format", "jsonl")
     lines = [json.loads(line) for line in out.splitlines()]
     assert [(s["seq"], s["event"], s["state"]) for s in lines[:-1]] == [
         (49, "put", "ready"), (50, "move", "ready"), (None, "end", "ready")]
@@ -941,12 +943,12 @@ lifetime            ~  put to end of the log, still alive
         "reports", ["dead"], True)
     # A job known only from a format-2 snapshot shows its expiry time.
     compacted = V2.parent / "compacted"
-    code, out, _err = run_n(tools.main_job_history, compacted, compacted, 15, "--utc")
+    code, out, _err = run_n(job_history.main, compacted, compacted, 15, "--utc")
     assert code == 0 and "into orders+archive, pri 20, delay 0s, ttr 3600s, expires +59m" in out
 
 
 def test_aof_dump_big_tube_records() -> None:
-    code, out, err = run_n(tools.main_aof, V2, "dump", V2, "--utc", "--from-seq", 40,
+    code, out, err = run_n(aof_tool.main, V2, "dump", V2, "--utc", "--from-seq", 40,
                            "--to-seq", 50, "--op", "put-jobs,expire,delete-tube")
     assert (code, err) == (0, "")
     assert out == f"""\
@@ -967,7 +969,7 @@ def test_aof_dump_big_tube_records() -> None:
     assert dumped_seqs(V2, "--tube", "dead") == [50]
     assert dumped_seqs(V2, "--tube", "orders+archive") == [38, 40, 41, 42]
     assert dumped_seqs(V2, "--tube", "orders", "--op", "put-jobs") == [40, 41, 43]
-    code, out, _err = run(tools.main_aof, "dump", V2, "--format", "jsonl", "--from-seq", 41,
+    code, out, _err = run(aof_tool.main, "dump", V2, "--format", "jsonl", "--from-seq", 41,
                           "--to-seq", 41)
     (rec,) = [json.loads(line) for line in out.splitlines()]
     assert (rec["op"], rec["jobs"], rec["dropped"], rec["body"]) == (
@@ -977,7 +979,7 @@ def test_aof_dump_big_tube_records() -> None:
 
 
 def test_replay_shows_expired_discarded_and_fanout() -> None:
-    code, out, err = run_n(tools.main_replay, V2, V2, "--until-seq", 50, "--utc",
+    code, out, err = run_n(replay.main, V2, V2, "--until-seq", 50, "--utc",
                            "--tube", "orders", "--tube", "sessions", "--tube", "reports",
                            "--tube", "dead")
     assert (code, err) == (0, "")
@@ -990,14 +992,14 @@ dead          1        0         0       0      1        0          0        -
 
 fanout: puts into orders are copied into orders+audit
 """
-    code, out, _err = run(tools.main_replay, V2, "--until-seq", 50, "--format", "jsonl",
+    code, out, _err = run(replay.main, V2, "--until-seq", 50, "--format", "jsonl",
                           "--jobs", "--tube", "orders+audit")
     lines = [json.loads(line) for line in out.splitlines()]
     assert [(x["kind"], x.get("id")) for x in lines[1:]] == [
         ("tube", None), ("job", 11), ("job", 14), ("job", 17)]
     times = times_of(V2)
     assert [x["expires"] for x in lines[2:]] == [None, times[41] + 3600 * 10**9, None]
-    code, out, _err = run(tools.main_replay, V2, "--until-seq", 50, "--format", "jsonl")
+    code, out, _err = run(replay.main, V2, "--until-seq", 50, "--format", "jsonl")
     assert [json.loads(x) for x in out.splitlines() if '"fanout"' in x] == [
         {"kind": "fanout", "parent": "orders", "tubes": ["orders+audit"]}]
 
@@ -1006,6 +1008,6 @@ fanout: puts into orders are copied into orders+audit
 def test_aof_verify_reads_snapshots_of_every_format(version: str) -> None:
     """A format-1 snapshot is compared with the replayed state in today's layout."""
     data = REPO / "snapshots" / version / "snapshot-and-segments"
-    code, out, _err = run(tools.main_aof, "verify", data)
+    code, out, _err = run(aof_tool.main, "verify", data)
     assert code == 0, out
     assert "agrees with snapshot" in out and out.endswith("verdict: OK (no damage)\n")

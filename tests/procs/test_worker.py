@@ -32,13 +32,17 @@ from smallstalk.worker import (
     decode_call,
     encode_call,
 )
+from smallstalk.worker import cli as worker_cli
 
-from ..support.procs import REPO, Server, beanstalkd_path, start_beanstalkd, start_smallstalk
-
-needs_beanstalkd = pytest.mark.skipif(beanstalkd_path() is None,
-                                      reason="beanstalkd is not installed")
-SERVER_KINDS = ["smallstalk", pytest.param("beanstalkd", marks=needs_beanstalkd)]
-
+from ..support.procs import (
+    REPO,
+    SERVER_KINDS,
+    Server,
+    needs_beanstalkd,
+    start_beanstalkd,
+    start_smallstalk,
+)
+from ..support.tlsproxy import tls_proxy
 
 # --- tasks and publishing ------------------------------------------------------
 
@@ -370,10 +374,51 @@ def test_worker_over_two_servers(smallstalk: Server, workers, tmp_path: Path) ->
         other.kill()
 
 
-def test_bad_arguments(capsys) -> None:
+def test_worker_and_app_over_tls(smallstalk: Server, workers, tmp_path: Path) -> None:
+    """`App(ssl_context=)` publishes and `smallstalk worker --tls-ca` runs the job,
+    both through a real TLS proxy in front of the server."""
+    with tls_proxy(smallstalk.port) as px:
+        ca = tmp_path / "ca.pem"
+        px.ca.cert_pem.write_to_path(str(ca))
+        tls_addr = f"127.0.0.1:{px.port}"
+        app = App(tls_addr, ssl_context=px.client_context())
+        app.client().put(encode_call("tests.support.worker_app.echo", ["tls"], {}))
+        assert px.handshakes == 1
+        # The tasks report over plaintext ($SMALLSTALK_SERVERS); reserves go over TLS.
+        w = workers(addr_of(smallstalk), "--servers", tls_addr, "--tls-ca", str(ca))
+        with Client(addr_of(smallstalk)) as c:
+            assert results(c, 1) == ["done:tls"]
+        assert px.handshakes == 2 and px.refused == 0
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0
+        app.close()
+
+
+def test_worker_sends_the_token_first(smallstalk: Server, workers, tmp_path: Path,
+                                      monkeypatch) -> None:
+    """The server's side of `auth` is not built yet: it answers UNKNOWN_COMMAND,
+    which shows that the worker sent the token before reserving."""
+    token = tmp_path / "token"
+    token.write_text("s3cr3t\n")
+    w = workers(addr_of(smallstalk), "--token-file", str(token))
+    error = wait_until(lambda: w.named("reserve.error"), what="reserve.error")[0]["error"]
+    assert "no `auth` command" in error, error
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0
+    app = App(addr_of(smallstalk))
+    monkeypatch.setenv("SMALLSTALK_TOKEN", "from-env")
+    args = worker_cli._parser().parse_args(["x:app"])
+    assert worker_cli._security(args, app).token == "from-env"
+    monkeypatch.delenv("SMALLSTALK_TOKEN")
+    assert worker_cli._security(args, app) is None  # the app's own settings
+
+
+def test_bad_arguments(capsys, tmp_path: Path) -> None:
     for args in (["nosuchmodule:app"], ["tests.support.worker_app:RESULTS"], ["x:app", "--tubes", "a:0"],
                  ["tests.support.worker_app:app", "--tubes", "a:0"], ["tests.support.worker_app:app", "-c", "0"],
-                 ["--no-such-flag"]):
+                 ["--no-such-flag"], ["tests.support.worker_app:app", "--tls-ca", str(tmp_path / "no")],
+                 ["tests.support.worker_app:app", "--token-file", str(tmp_path / "no")],
+                 ["tests.support.worker_app:app", "--tls-key", str(tmp_path / "no")]):
         assert worker_module.main(args) == 2, args
     assert "smallstalk worker" in capsys.readouterr().err
 

@@ -7,6 +7,8 @@ import time
 
 import attrs
 
+from smallstalk.core import protocol as p
+
 WITH_BODY = {b"RESERVED", b"FOUND", b"OK"}
 
 
@@ -35,8 +37,8 @@ class Reply:
         return out
 
 
-def put_cmd(body: bytes, pri: int = 0, delay: int = 0, ttr: int = 60) -> bytes:
-    return b"put %d %d %d %d\r\n%s\r\n" % (pri, delay, ttr, len(body), body)
+def put_cmd(body: bytes, pri: int = 0, delay: int = 0, ttr: int = 60, max_age: int = 0) -> bytes:
+    return p.render(p.Put(pri, delay, ttr, body, max_age))
 
 
 class Client:

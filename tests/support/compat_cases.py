@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import attrs
 
+from .bsclient import put_cmd
+
 # Placeholders expanded per run, identically for both servers (see test_compat_bytes):
 #   {T}, {U}  two tube names unique to this case and send mode
 #   {1}, {2}  the first, second, ... job id created by this case
@@ -46,8 +48,7 @@ def C(name: str, *steps: Step, fresh: bool = False) -> Case:
     return Case(name, tuple(steps), fresh)
 
 
-def put(body: bytes, pri: int = 0, delay: int = 0, ttr: int = 60) -> bytes:
-    return b"put %d %d %d %d\r\n%s\r\n" % (pri, delay, ttr, len(body), body)
+put = put_cmd
 
 
 def padded(prefix: bytes, suffix: bytes, total: int) -> bytes:

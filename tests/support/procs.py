@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import attrs
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -137,6 +138,12 @@ def start_smallstalk(
 
 def beanstalkd_path() -> str | None:
     return shutil.which("beanstalkd")
+
+
+needs_beanstalkd = pytest.mark.skipif(
+    beanstalkd_path() is None, reason="beanstalkd is not installed (make system-packages)")
+# The servers a test runs against when it runs against both.
+SERVER_KINDS = ["smallstalk", pytest.param("beanstalkd", marks=needs_beanstalkd)]
 
 
 def start_beanstalkd(tmp: Path, *args: str, port: int | None = None) -> Server:

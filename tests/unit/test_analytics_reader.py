@@ -84,7 +84,7 @@ def test_server_names(tmp_path) -> None:
 def test_report_formatting() -> None:
     assert [report.duration(x) for x in (None, 0, 0.042, 0.42, 12.4, 1520, 65_000, 600_000,
                                          7_500_000, 36_000_000, 200_000_000)] == [
-        "-", "0", "42µs", "0.4ms", "12ms", "1.52s", "1m05s", "10m", "2h05m", "10h", "2d07h"]
+        "-", "0ms", "42µs", "0.4ms", "12ms", "1.52s", "1m05s", "10m", "2h05m", "10h", "2d07h"]
     pts = [dict(window_ns=i * 60 * NS, ready=i % 7, delayed=0, reserved=1, buried=0)
            for i in range(5000)]
     small = report.downsample(pts, 1000)

@@ -12,7 +12,7 @@ import pytest
 
 from smallstalk.core import records as r
 from smallstalk.core.state import State, body_len
-from smallstalk.storage import snapshot
+from smallstalk.storage import snapshot, snapshot_codec
 from smallstalk.storage.bodies import BodyError, BodyStore, pack, resolve_items, unpack
 
 from ..support.readbehind import in_memory, open_fds, rand_bodies
@@ -85,7 +85,7 @@ def test_snapshot_under_a_budget_refers_to_bodies_and_the_index_finds_them(tmp_p
     st.apply(r.Reserve(61, 10**18, 1, 3))
     st.apply(r.Bury(62, 10**18, 1, 3, 7))
     snap = snapshot.write_state(tmp_path, st, index=True)
-    items = list(st.dump())
+    items = list(snapshot_codec.dump(st))
     # Unbudgeted: exactly what was written.
     assert list(snapshot.iter_items(snap)) == items
     store = BodyStore(20_000)
@@ -93,7 +93,7 @@ def test_snapshot_under_a_budget_refers_to_bodies_and_the_index_finds_them(tmp_p
     loaded.check()
     assert 0 < in_memory(loaded) <= 20_000
     assert loaded.spilled_bytes > 0
-    assert list(resolve_items(loaded.dump(), store)) == items
+    assert list(resolve_items(snapshot_codec.dump(loaded), store)) == items
     # The index: every job's body, where it is in the snapshot file.
     entries = snapshot.index_entries(snapshot.index_path(snap))
     data = snap.read_bytes()

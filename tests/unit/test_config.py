@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from smallstalk import cli
+from smallstalk import __version__, cli
 from smallstalk.config import (
     SERVE_HELP,
     ServeConfig,
@@ -21,6 +21,7 @@ from smallstalk.ops import config_dump as configcmd
 from smallstalk.server.policy import TubePolicy, render
 from smallstalk.storage.aof import FSYNC_ALWAYS, FSYNC_INTERVAL, FSYNC_NEVER
 
+from ..support.configfile import parse_yaml, run_dump, write
 from ..support.procs import REPO
 
 FULL = """\
@@ -59,32 +60,10 @@ max-memory = "16MB"
 """
 
 
-def write(tmp_path: Path, text: str, name: str = "smallstalk.toml") -> Path:
-    path = tmp_path / name
-    path.write_text(text)
-    return path
-
-
 def parse(*argv: str) -> ServeConfig:
     cfg = parse_serve(list(argv))
     assert isinstance(cfg, ServeConfig), cfg
     return cfg
-
-
-def parse_yaml(body: bytes) -> dict[str, dict[str, str]]:
-    """policy.render's YAML (`tube:` then `  key: value`) as nested dicts."""
-    lines = body.decode().splitlines()
-    assert lines[0] == "---", body
-    out: dict[str, dict[str, str]] = {}
-    tube = None
-    for line in lines[1:]:
-        if not line.startswith(" "):
-            tube = line.removesuffix(":").strip('"')
-            out[tube] = {}
-        else:
-            key, _, value = line.strip().partition(": ")
-            out[tube][key] = value.strip('"')
-    return out
 
 
 # --- the file --------------------------------------------------------------------------
@@ -259,12 +238,6 @@ def test_the_early_socket_is_dropped_when_the_file_moves_the_port(tmp_path: Path
 # --- config dump --config --------------------------------------------------------------
 
 
-def run_dump(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = configcmd.main(["dump", *argv], stdout=out, stderr=err)
-    return code, out.getvalue(), err.getvalue()
-
-
 def test_config_dump_from_a_file(tmp_path: Path) -> None:
     path = write(tmp_path, FULL)
     code, out, err = run_dump("--config", str(path))
@@ -317,3 +290,8 @@ def test_every_key_is_documented() -> None:
     doc = (REPO / "docs" / "CONFIG.md").read_text()
     for key in [*SERVER_KEYS, *TUBE_KEYS]:
         assert f"| `{key}` |" in doc, key
+
+
+def test_version_flag_prints_the_package_version() -> None:
+    assert parse_serve(["--version"]) == f"smallstalk {__version__}"
+    assert parse_serve(["-v"]) == f"smallstalk {__version__}"  # beanstalkd's short flag

@@ -25,7 +25,8 @@ import pytest
 
 from smallstalk.core import records
 from smallstalk.core import state as st
-from smallstalk.storage import aof, compactor, recovery
+from smallstalk.core.stats import STATE_NAMES
+from smallstalk.storage import aof, compactor, recovery, snapshot_codec
 
 from ..support.procs import REPO
 
@@ -229,7 +230,7 @@ def test_volatile_table_matches_the_code() -> None:
 def test_job_state_table_matches_the_code() -> None:
     assert DOC_STATES == {st.READY: "ready", st.DELAYED: "delayed", st.RESERVED: "reserved",
                           st.BURIED: "buried"}
-    assert [n.decode() for n in st.STATE_NAMES] == [DOC_STATES[i] for i in range(4)]
+    assert [n.decode() for n in STATE_NAMES] == [DOC_STATES[i] for i in range(4)]
 
 
 TYPE_CHECKS = {
@@ -279,7 +280,7 @@ def as_doc_item(item: list, version: int = records.FORMAT_VERSION) -> dict[str, 
 def test_snapshot_item_table_matches_state_dump(tmp_path: Path) -> None:
     """State.dump of the current fixture's state has exactly the README's items."""
     data = copy_data_dir(CURRENT / "log-only", tmp_path)
-    items = list(recovery.recover(data, repair=False).state.dump())
+    items = list(snapshot_codec.dump(recovery.recover(data, repair=False).state))
     kinds = [as_doc_item(item)["kind"] for item in items]
     # dump() has a `job` item per job; the snapshot writer makes `jobs` items of them
     assert set(kinds) | {"end", "jobs"} == set(DOC_ITEMS)
@@ -615,7 +616,7 @@ def check_state(fx: Fixture, state: st.State, exp: dict[str, Any]) -> None:
     assert sorted(state.jobs) == [j["id"] for j in exp["jobs"]]
     for want in exp["jobs"]:
         j = state.jobs[want["id"]]
-        got = {"id": j.id, "tube": j.tube.name, "state": st.STATE_NAMES[j.state].decode(),
+        got = {"id": j.id, "tube": j.tube.name, "state": STATE_NAMES[j.state].decode(),
                "pri": j.pri, "delay": j.delay, "ttr": j.ttr, "body": j.body,
                "reserves": j.reserves, "timeouts": j.timeouts, "releases": j.releases,
                "buries": j.buries, "kicks": j.kicks}
@@ -642,7 +643,7 @@ def test_recover_rebuilds_the_expected_state(vdir: Path, name: str, tmp_path: Pa
         fx.exp["snapshot_state"]["last_seq"] if snap else 0)
     assert {p: sha256(p) for p in data.rglob("*") if p.is_file()} == before  # wrote nothing
     # The loaded state dumps to the same items the README describes.
-    check_items(fx, [as_doc_item(i) for i in result.state.dump()], fx.exp["state"])
+    check_items(fx, [as_doc_item(i) for i in snapshot_codec.dump(result.state)], fx.exp["state"])
 
 
 # --- the current version: the code still writes exactly these bytes --------------------

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from smallstalk.core import parser
 from smallstalk.core import protocol as p
 
 
@@ -184,7 +185,7 @@ def test_byte_soup_never_raises_and_stays_bounded(pieces: list, chunk: int) -> N
         assert parser.buffered() <= max(p.LINE_MAX, 65535 + 2) + chunk
 
 
-_PLAIN_WORDS = sorted(p._PLAIN_ARGS)
+_PLAIN_WORDS = sorted(parser._PLAIN_ARGS)
 
 
 @given(st.sampled_from(_PLAIN_WORDS),
@@ -202,12 +203,12 @@ def test_plain_argument_fast_path_parses_as_the_table_does(word, args, sep, tail
     give exactly what the general prefix table gives for the same line."""
     line = word + b" " + sep.join(a.encode() for a in args) + tail
     fast = p.parse_line(line, p.DEFAULT_MAX_JOB_SIZE)
-    saved = dict(p._PLAIN_ARGS)
-    p._PLAIN_ARGS.clear()
+    saved = dict(parser._PLAIN_ARGS)
+    parser._PLAIN_ARGS.clear()
     try:
         general = p.parse_line(line, p.DEFAULT_MAX_JOB_SIZE)
     finally:
-        p._PLAIN_ARGS.update(saved)
+        parser._PLAIN_ARGS.update(saved)
     assert fast == general
 
 
@@ -215,3 +216,16 @@ def test_plain_argument_fast_path_is_taken() -> None:
     assert p.parse_line(b"release 12 1024 0", 100) == p.Release(12, 1024, 0)
     assert p.parse_line(b"reserve-with-timeout 0", 100) == p.Reserve(0)
     assert p.parse_line(b"delete 000123456789012345678", 100) == p.Delete(123456789012345678)
+
+
+def test_protocol_exports_every_public_name_of_its_parts() -> None:
+    """`protocol` is the face of commands, replies and parser: nothing of theirs is missing."""
+    from smallstalk.core import commands, replies
+
+    for mod in (commands, replies, parser):
+        for name, value in vars(mod).items():
+            if name.startswith("_") or type(value) is type(p):
+                continue
+            if getattr(value, "__module__", mod.__name__) != mod.__name__:
+                continue  # imported from elsewhere
+            assert getattr(p, name) is value, f"protocol.{name} (from {mod.__name__})"

@@ -18,7 +18,8 @@ script starts the server, and stops only the PID it started.
 Every test ends up as one outcome by name: passed, failed, error, skipped or
 timeout. The script prints one line per test and a summary, writes the same
 as JSON with --json, and exits 0 (all passed), 1 (some did not), 2 (a
-prerequisite is missing: a tool, python2.7, a fixed port is busy), 3 (the
+prerequisite is missing: a tool, python2.7, a fixed port is busy and the
+runner is not root), 3 (the
 registry could not be reached) or 4 (anything else went wrong).
 
 Everything is bounded in time: downloads, each suite run, each test process.
@@ -168,6 +169,36 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
         return s.getsockname()[1]
+
+
+CLONE_NEWNET = 0x40000000  # unshare(2)
+
+
+def own_ports(*ports: int) -> None:
+    """Make the hard-coded `ports` on 127.0.0.1 ours for the rest of this run.
+
+    As root, the runner (downloads done) moves into a network namespace of
+    its own, with only `lo`: a server already on the port on this host (the
+    `make run` server, Debian's beanstalkd.socket) neither breaks the suite
+    nor receives its jobs, and this run's servers bind nothing on the host.
+    Without root the ports must be free.
+    """
+    if os.geteuid() == 0 and _own_network():
+        return
+    require_ports(*ports)
+
+
+def _own_network() -> bool:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWNET) != 0:
+        return False  # not allowed here (a container without CAP_SYS_ADMIN)
+    ip = require_cmd("ip")
+    proc = subprocess.run([ip, "link", "set", "lo", "up"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SuiteError(EXIT_ERROR, f"network namespace: `ip link set lo up`: {proc.stderr}")
+    return True
 
 
 def require_ports(*ports: int) -> None:
@@ -470,6 +501,9 @@ def env_with(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # The beanstalkd stand-in runs the interpreter this script's own servers run
+    # (a checkout without .venv, such as a git worktree, has no other).
+    env.setdefault("SMALLSTALK_PYTHON", smallstalk_python())
     for var in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "NODE_OPTIONS"):
         if var not in extra:
             env.pop(var, None)
@@ -516,7 +550,7 @@ def run_fivebeans(suite: Suite, server: str, cache: Path, work: Path, report: Re
         "fivebeans-1.5.0",
         lambda tmp: npm_install(tmp, ["fivebeans@1.5.0", "mocha@3.0.2", "must@0.13.4"]),
     )
-    require_ports(11300)
+    own_ports(11300)
     pkg = home / "node_modules" / "fivebeans"
     with started_server(server, 11300, work, report):
         rc, out = run(
@@ -578,7 +612,7 @@ def run_qbean(suite: Suite, server: str, cache: Path, work: Path, report: Report
     home = cached(
         cache, "qbean-1.0.0", lambda tmp: npm_install(tmp, ["qbean@1.0.0", "nodeunit@0.11.3"])
     )
-    require_ports(11300)
+    own_ports(11300)
     pkg = home / "node_modules" / "qbean"
     rc, out = run(
         [node, "-e", "for (const k of Object.keys(require('./test/test-qbean.js')))"
@@ -626,7 +660,7 @@ def run_beanstalkc(suite: Suite, server: str, cache: Path, work: Path, report: R
         unpack(archive, tmp / "src").rename(tmp / "beanstalkc")
 
     home = cached(cache, "beanstalkc-0.4.0", build) / "beanstalkc"
-    require_ports(14711)
+    own_ports(14711)
     junit = work / "nosetests.xml"
     rc, out = run(
         [python2, "-m", "nose", "-c", ".nose.cfg", "--with-xunit", f"--xunit-file={junit}",
@@ -655,7 +689,7 @@ def run_pybeanstalk(suite: Suite, server: str, cache: Path, work: Path, report: 
 
     home = cached(cache, "pybeanstalk-1.0rc1", build) / "pybeanstalk"
     module = "test_MultiServerConn" if suite.name == "pybeanstalk-multi" else "test_ServerConn"
-    require_ports(*((11302, 11303) if module == "test_MultiServerConn" else (11301,)))
+    own_ports(*((11302, 11303) if module == "test_MultiServerConn" else (11301,)))
     tests = work / "tests"
     shutil.copytree(home / "tests", tests)
     binary = Path(server_binary(server))

@@ -1,0 +1,463 @@
+"""The shared sans-I/O client core: what a client knows (servers, tubes, who is
+down) and every command as a generator of exchanges that `Client` and
+`AsyncClient` drive over their own I/O (theory in the package docstring)."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Generator, Sequence
+from typing import Any, TypeAlias, TypeVar
+
+import attrs
+
+from smallstalk.core import protocol as p
+
+from .addresses import normalize_address
+from .errors import (
+    BeanstalkError,
+    CommandError,
+    ConnectionFailed,
+    Draining,
+    NotFound,
+    NotIgnored,
+    TimedOut,
+    UnknownCommand,
+)
+from .replies import Job, JobRef, JobStats, Reply, ServerStats, TubeStats, interpret
+
+DEFAULT_PRIORITY = 2**31
+DEFAULT_TTR = 60
+
+
+def _check_tube(tube: str) -> str:
+    # Also what keeps a tube name from injecting a second command line.
+    if not isinstance(tube, str) or not p.valid_tube_name(tube.encode("utf-8", "replace")):
+        raise ValueError(f"invalid tube name {tube!r} (1-200 of A-Za-z0-9 -+/;.$_(), "
+                         "not starting with '-')")
+    return tube
+
+
+def _check_uint(value: int, what: str, limit: int = p.U32_MAX) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= limit:
+        raise ValueError(f"{what} must be an integer from 0 to {limit}, not {value!r}")
+    return value
+
+
+def _seconds(timeout: float) -> int:
+    """A timeout in whole seconds, rounded up (the protocol counts seconds)."""
+    if timeout < 0:
+        raise ValueError("timeout must not be negative")
+    return min(math.ceil(timeout), 2**31 - 1)
+
+
+def _body(body: bytes | str) -> bytes:
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    if isinstance(body, bytes | bytearray | memoryview):
+        return bytes(body)
+    raise TypeError(f"a job body is bytes or str, not {type(body).__name__}")
+
+
+# --- the protocol core: every method as a generator of exchanges ----------
+
+_T = TypeVar("_T")
+
+
+@attrs.frozen
+class _Exchange:
+    """Send `commands` to server number `server` and hand back one reply each.
+
+    `wait` is how long the server may legitimately take beyond an ordinary
+    reply (a reserve's timeout); None means no bound at all.
+    """
+
+    server: int
+    commands: tuple[p.Command, ...]
+    wait: float | None = 0.0
+
+
+_Op: TypeAlias = Generator[_Exchange, list[Reply], _T]
+JobLike: TypeAlias = JobRef | int
+
+
+class _Core:
+    """What a client knows and how each command is carried out, without I/O."""
+
+    def __init__(self, servers: list[str], poll_interval: float, retry_interval: float,
+                 token: str | None = None) -> None:
+        self.servers = servers
+        self.token = token
+        self.index = {s: i for i, s in enumerate(servers)}
+        self.poll_interval = max(1.0, poll_interval)
+        self.retry_interval = retry_interval
+        self.using = "default"
+        self.watching = ["default"]
+        n = len(servers)
+        # What each connection is known to use and watch (None: not connected).
+        self._used: list[str | None] = [None] * n
+        self._watched: list[list[str] | None] = [None] * n
+        self._down_until = [0.0] * n
+        self._next_put = random.randrange(n)
+        self._next_reserve = random.randrange(n)
+
+    # Driver hooks -----------------------------------------------------------
+
+    def connected(self, i: int) -> None:
+        self._used[i] = "default"
+        self._watched[i] = ["default"]
+
+    def hello(self) -> list[p.Command]:
+        """What a new connection sends before anything else (and gets back in `greeted`)."""
+        return [] if self.token is None else [p.Auth(self.token)]
+
+    def greeted(self, i: int, sent: list[p.Command], replies: list[Reply]) -> None:
+        """Check the replies to `hello`: the token refused raises Unauthorized."""
+        for cmd, reply in zip(sent, replies, strict=True):
+            try:
+                interpret(cmd, reply, self.servers[i])
+            except UnknownCommand:
+                raise UnknownCommand(self.servers[i], "this server has no `auth` command "
+                                     "(beanstalkd, or an older smallstalk): connect without "
+                                     "a token") from None
+
+    def disconnected(self, i: int) -> None:
+        self._used[i] = None
+        self._watched[i] = None
+
+    def outgoing(self, i: int, commands: Sequence[p.Command]) -> tuple[list[p.Command], int]:
+        """The commands to send: first whatever brings the connection to the
+        client's used and watched tubes, then `commands`."""
+        pre: list[p.Command] = []
+        if self._used[i] != self.using:
+            pre.append(p.Use(self.using))
+        watched = self._watched[i] or []
+        pre += [p.Watch(t) for t in self.watching if t not in watched]
+        pre += [p.Ignore(t) for t in watched if t not in self.watching]
+        return pre + list(commands), len(pre)
+
+    def incoming(self, i: int, sent: list[p.Command], n_pre: int,
+                 replies: list[Reply]) -> list[Reply]:
+        """Account for the prelude's replies; the rest belong to the exchange."""
+        error: BeanstalkError | None = None
+        for cmd, reply in zip(sent[:n_pre], replies[:n_pre], strict=True):
+            try:
+                interpret(cmd, reply, self.servers[i])
+            except BeanstalkError as e:
+                error = error or e
+                continue
+            watched = self._watched[i]
+            assert watched is not None
+            if type(cmd) is p.Use:
+                self._used[i] = cmd.tube
+            elif type(cmd) is p.Watch:
+                watched.append(cmd.tube)
+            elif type(cmd) is p.Ignore and cmd.tube in watched:
+                watched.remove(cmd.tube)
+        if error is not None:
+            raise error
+        return replies[n_pre:]
+
+    # Helpers ------------------------------------------------------------------
+
+    @property
+    def multi(self) -> bool:
+        return len(self.servers) > 1
+
+    def _mark_down(self, i: int) -> None:
+        self._down_until[i] = time.monotonic() + self.retry_interval
+
+    def _order(self, start: int) -> list[int]:
+        """Every server from `start` round, the ones recently down last."""
+        n = len(self.servers)
+        ring = [(start + k) % n for k in range(n)]
+        now = time.monotonic()
+        return ([i for i in ring if self._down_until[i] <= now]
+                + [i for i in ring if self._down_until[i] > now])
+
+    def _live(self, start: int = 0) -> list[int]:
+        """Servers not recently down (all of them if all are)."""
+        now = time.monotonic()
+        order = self._order(start)
+        live = [i for i in order if self._down_until[i] <= now]
+        return live or order
+
+    def locate(self, job: JobLike) -> tuple[int, int]:
+        if isinstance(job, JobRef):
+            i = self.index.get(job.server)
+            if i is None:
+                raise ValueError(f"job {job.id} lives on {job.server}, not one of {self.servers}")
+            return i, _check_uint(job.id, "job id", p.U64_MAX)
+        if self.multi:
+            raise ValueError("a bare job id is ambiguous with several servers: "
+                             "pass the Job or JobRef (or JobRef(id, server))")
+        return 0, _check_uint(job, "job id", p.U64_MAX)
+
+    def _one_server(self, server: str | None) -> int:
+        if server is None:
+            if self.multi:
+                raise ValueError("several servers: say which one with server=")
+            return 0
+        i = self.index.get(normalize_address(server))
+        if i is None:
+            raise ValueError(f"{server} is not one of {self.servers}")
+        return i
+
+    def _with_tube(self, tube: str | None, cmd: p.Command) -> tuple[tuple[p.Command, ...], int]:
+        """`cmd`, or use/cmd/use-back if it is meant for another tube than the used one."""
+        if tube is None or tube == self.using:
+            return (cmd,), 0
+        return (p.Use(_check_tube(tube)), cmd, p.Use(self.using)), 1
+
+    def _results(self, i: int, cmds: tuple[p.Command, ...], at: int,
+                 replies: list[Reply]) -> Any:
+        for k, (cmd, reply) in enumerate(zip(cmds, replies, strict=True)):
+            if k != at:
+                interpret(cmd, reply, self.servers[i])
+        return interpret(cmds[at], replies[at], self.servers[i])
+
+    def one(self, i: int, cmd: p.Command, wait: float | None = 0.0) -> _Op[Any]:
+        replies = yield _Exchange(i, (cmd,), wait)
+        return interpret(cmd, replies[0], self.servers[i])
+
+    def _each(self, cmds: tuple[p.Command, ...], at: int) -> _Op[list[tuple[int, Any]]]:
+        """Send `cmds` to every reachable server: (server, result or CommandError) each."""
+        out: list[tuple[int, Any]] = []
+        last: ConnectionFailed | None = None
+        for i in range(len(self.servers)):
+            try:
+                replies = yield _Exchange(i, cmds)
+            except ConnectionFailed as e:
+                self._mark_down(i)
+                last = e
+                continue
+            try:
+                out.append((i, self._results(i, cmds, at, replies) if cmds else None))
+            except CommandError as e:
+                out.append((i, e))
+        if not out:
+            assert last is not None
+            raise last
+        return out
+
+    # Commands -----------------------------------------------------------------
+
+    def put(self, body: bytes | str, priority: int, delay: int, ttr: int, tube: str | None,
+            server: str | None, max_age: int = 0) -> _Op[JobRef]:
+        cmd = p.Put(_check_uint(priority, "priority"), _check_uint(delay, "delay"),
+                    _check_uint(ttr, "ttr"), _body(body), _check_uint(max_age, "max_age"))
+        cmds, at = self._with_tube(tube, cmd)
+        if server is not None:
+            order = [self._one_server(server)]
+        else:
+            order = self._order(self._next_put)
+            self._next_put = (self._next_put + 1) % len(self.servers)
+        last: BeanstalkError | None = None
+        for i in order:
+            try:
+                replies = yield _Exchange(i, cmds)
+                return self._results(i, cmds, at, replies)
+            except ConnectionFailed as e:
+                # The put may have reached the server: at-least-once, like the protocol.
+                self._mark_down(i)
+                last = e
+            except Draining as e:
+                last = e
+        assert last is not None
+        raise last
+
+    def use(self, tube: str) -> _Op[str]:
+        self.using = _check_tube(tube)
+        yield from self._each((), 0)
+        return tube
+
+    def watch(self, tube: str) -> _Op[int]:
+        if _check_tube(tube) not in self.watching:
+            self.watching.append(tube)
+        yield from self._each((), 0)
+        return len(self.watching)
+
+    def ignore(self, tube: str) -> _Op[int]:
+        _check_tube(tube)
+        before = list(self.watching)
+        if tube in self.watching:
+            self.watching.remove(tube)
+        try:
+            yield from self._each((), 0)
+        except NotIgnored:
+            self.watching = before
+            raise
+        return len(self.watching)
+
+    def set_watching(self, tubes: Sequence[str]) -> None:
+        tubes = list(dict.fromkeys(_check_tube(t) for t in tubes))
+        if not tubes:
+            raise ValueError("watch at least one tube")
+        self.watching = tubes
+
+    def reserve(self, timeout: float | None, tubes: Sequence[str] | None) -> _Op[Job]:
+        if tubes is not None:
+            self.set_watching(tubes)
+        if not self.multi:
+            secs = None if timeout is None else _seconds(timeout)
+            return (yield from self.one(0, p.Reserve(secs), secs))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            start = self._next_reserve
+            self._next_reserve = (start + 1) % len(self.servers)
+            reachable = 0
+            last: ConnectionFailed | None = None
+            for i in self._live(start):
+                try:
+                    return (yield from self.one(i, p.Reserve(0)))
+                except TimedOut:
+                    reachable += 1
+                except ConnectionFailed as e:
+                    self._mark_down(i)
+                    last = e
+            if not reachable:
+                assert last is not None
+                raise last
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimedOut(", ".join(self.servers))
+            # Nobody has work: wait on one server for a slice, then poll again.
+            i = self._live(start)[0]
+            secs = _seconds(self.poll_interval if left is None else min(self.poll_interval, left))
+            try:
+                return (yield from self.one(i, p.Reserve(secs), secs))
+            except TimedOut:
+                pass
+            except ConnectionFailed:
+                self._mark_down(i)
+
+    def reserve_job(self, job: JobLike) -> _Op[Job]:
+        i, jid = self.locate(job)
+        return (yield from self.one(i, p.ReserveJob(jid)))
+
+    def delete(self, job: JobLike) -> _Op[None]:
+        i, jid = self.locate(job)
+        yield from self.one(i, p.Delete(jid))
+
+    def _priority(self, i: int, jid: int, priority: int | None) -> _Op[int]:
+        if priority is None:
+            stats = yield from self.one(i, p.StatsJob(jid))
+            return stats.pri
+        return _check_uint(priority, "priority")
+
+    def release(self, job: JobLike, priority: int | None, delay: int) -> _Op[None]:
+        i, jid = self.locate(job)
+        pri = yield from self._priority(i, jid, priority)
+        yield from self.one(i, p.Release(jid, pri, _check_uint(delay, "delay")))
+
+    def bury(self, job: JobLike, priority: int | None) -> _Op[None]:
+        i, jid = self.locate(job)
+        pri = yield from self._priority(i, jid, priority)
+        yield from self.one(i, p.Bury(jid, pri))
+
+    def touch(self, job: JobLike) -> _Op[None]:
+        i, jid = self.locate(job)
+        yield from self.one(i, p.Touch(jid))
+
+    def peek(self, job: JobLike) -> _Op[Job]:
+        i, jid = self.locate(job)
+        return (yield from self.one(i, p.Peek(jid)))
+
+    def peek_first(self, cmd: p.Command, tube: str | None) -> _Op[Job]:
+        """peek-ready/-delayed/-buried: the first server (in order) that has one."""
+        cmds, at = self._with_tube(tube, cmd)
+        for _, result in (yield from self._each(cmds, at)):
+            if isinstance(result, Job):
+                return result
+            if not isinstance(result, NotFound):
+                raise result
+        raise NotFound(", ".join(self.servers))
+
+    def kick(self, bound: int, tube: str | None) -> _Op[int]:
+        """Up to `bound` jobs in all, server after server."""
+        left = _check_uint(bound, "bound")
+        total = 0
+        reached = 0
+        last: ConnectionFailed | None = None
+        for i in range(len(self.servers)):
+            if left == 0:
+                break
+            cmds, at = self._with_tube(tube, p.Kick(left))
+            try:
+                replies = yield _Exchange(i, cmds)
+            except ConnectionFailed as e:
+                self._mark_down(i)
+                last = e
+                continue
+            reached += 1
+            kicked = self._results(i, cmds, at, replies)
+            total += kicked
+            left -= kicked
+        if not reached and last is not None:
+            raise last
+        return total
+
+    def kick_job(self, job: JobLike) -> _Op[None]:
+        i, jid = self.locate(job)
+        yield from self.one(i, p.KickJob(jid))
+
+    def stats_job(self, job: JobLike) -> _Op[JobStats]:
+        i, jid = self.locate(job)
+        return (yield from self.one(i, p.StatsJob(jid)))
+
+    def stats_tube(self, tube: str, server: str | None) -> _Op[TubeStats]:
+        return (yield from self.one(self._one_server(server), p.StatsTube(_check_tube(tube))))
+
+    def stats(self, server: str | None) -> _Op[ServerStats]:
+        return (yield from self.one(self._one_server(server), p.STATS))
+
+    def list_tubes(self) -> _Op[list[str]]:
+        names: dict[str, None] = {}
+        for _, result in (yield from self._each((p.LIST_TUBES,), 0)):
+            if isinstance(result, Exception):
+                raise result
+            names.update(dict.fromkeys(result))
+        return list(names)
+
+    def first_reachable(self, cmd: p.Command) -> _Op[Any]:
+        last: ConnectionFailed | None = None
+        for i in self._live():
+            try:
+                return (yield from self.one(i, cmd))
+            except ConnectionFailed as e:
+                self._mark_down(i)
+                last = e
+        assert last is not None
+        raise last
+
+    def pause_tube(self, tube: str, delay: int) -> _Op[None]:
+        cmd = p.PauseTube(_check_tube(tube), _check_uint(delay, "delay"))
+        yield from self._on_every_server_that_has_it(cmd)
+
+    def delete_tube(self, tube: str) -> _Op[None]:
+        yield from self._on_every_server_that_has_it(p.DeleteTube(_check_tube(tube)))
+
+    def list_jobs(self, tube: str, state: str, after: int, count: int,
+                  server: str | None) -> _Op[list[int]]:
+        if state not in p.LIST_JOBS_STATES:
+            raise ValueError(f"state must be one of {', '.join(p.LIST_JOBS_STATES)}")
+        cmd = p.ListJobs(_check_tube(tube), state, _check_uint(after, "after", p.U64_MAX),
+                         _check_uint(count, "count"))
+        return (yield from self.one(self._one_server(server), cmd))
+
+    def flush_tube(self, tube: str, server: str | None) -> _Op[int]:
+        return (yield from self.one(self._one_server(server), p.FlushTube(_check_tube(tube))))
+
+    def _on_every_server_that_has_it(self, cmd: p.Command) -> _Op[None]:
+        results = [r for _, r in (yield from self._each((cmd,), 0))]
+        if all(isinstance(r, NotFound) for r in results):
+            raise results[0]
+        for r in results:
+            if isinstance(r, Exception) and not isinstance(r, NotFound):
+                raise r
+
+    def connect(self) -> _Op[None]:
+        yield from self._each((), 0)
+
+

@@ -1,0 +1,293 @@
+"""The beanstalkd commands as small frozen classes, and each as a client writes it (`render`).
+
+The parser (parser.py) makes them from bytes; `render` is its inverse. See
+docs/ARCHITECTURE.md for where they go from there.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen(slots=True)
+class Put:
+    pri: int
+    delay: int  # seconds
+    ttr: int  # seconds, at least 1
+    body: bytes
+    # smallstalk's extension: `put <pri> <delay> <ttr> <bytes> <max-age>`, seconds
+    # until the job expires (0 = only the tube's max-age applies).
+    max_age: int = 0
+
+
+@attrs.frozen(slots=True)
+class Reserve:
+    timeout: int | None  # seconds; None blocks without limit
+
+
+@attrs.frozen(slots=True)
+class ReserveJob:
+    id: int
+
+
+@attrs.frozen(slots=True)
+class Delete:
+    id: int
+
+
+@attrs.frozen(slots=True)
+class Release:
+    id: int
+    pri: int
+    delay: int
+
+
+@attrs.frozen(slots=True)
+class Bury:
+    id: int
+    pri: int
+
+
+@attrs.frozen(slots=True)
+class Touch:
+    id: int
+
+
+@attrs.frozen(slots=True)
+class Use:
+    tube: str
+
+
+@attrs.frozen(slots=True)
+class Watch:
+    tube: str
+
+
+@attrs.frozen(slots=True)
+class Ignore:
+    tube: str
+
+
+@attrs.frozen(slots=True)
+class Peek:
+    id: int
+
+
+@attrs.frozen(slots=True)
+class PeekReady:
+    pass
+
+
+@attrs.frozen(slots=True)
+class PeekDelayed:
+    pass
+
+
+@attrs.frozen(slots=True)
+class PeekBuried:
+    pass
+
+
+@attrs.frozen(slots=True)
+class Kick:
+    bound: int
+
+
+@attrs.frozen(slots=True)
+class KickJob:
+    id: int
+
+
+@attrs.frozen(slots=True)
+class StatsJob:
+    id: int
+
+
+@attrs.frozen(slots=True)
+class StatsTube:
+    tube: str
+
+
+@attrs.frozen(slots=True)
+class Stats:
+    pass
+
+
+@attrs.frozen(slots=True)
+class ListTubes:
+    pass
+
+
+@attrs.frozen(slots=True)
+class ListTubeUsed:
+    pass
+
+
+@attrs.frozen(slots=True)
+class ListTubesWatched:
+    pass
+
+
+@attrs.frozen(slots=True)
+class PauseTube:
+    tube: str
+    delay: int
+
+
+@attrs.frozen(slots=True)
+class Quit:
+    pass
+
+
+# smallstalk's own commands (beanstalkd answers them UNKNOWN_COMMAND).
+
+
+@attrs.frozen(slots=True)
+class Replicate:
+    """`replicate <epoch> <history|-> <after seq>`: become a replication feed."""
+
+    epoch: int
+    history: str
+    after: int
+
+
+@attrs.frozen(slots=True)
+class ReplicaAck:
+    """`replica-ack <seq>`: a replica has everything up to seq on its disk."""
+
+    seq: int
+
+
+@attrs.frozen(slots=True)
+class PromoteReplica:
+    """`promote`: a replica stops following and accepts writes."""
+
+
+@attrs.frozen(slots=True)
+class DeleteTube:
+    """`delete-tube <parent+child>`: stop copying puts into a fanout tube."""
+
+    tube: str
+
+
+@attrs.frozen(slots=True)
+class ConfigDump:
+    """`config`: the effective per-tube settings, as YAML."""
+
+
+@attrs.frozen(slots=True)
+class ReloadConfig:
+    """`reload-config`: re-read the per-tube settings from the --config file."""
+
+
+@attrs.frozen(slots=True)
+class ListJobs:
+    """`list-jobs <tube> <state> <after-id> <count>`: job ids in hand-out order."""
+
+    tube: str
+    state: str  # ready, delayed, buried or reserved
+    after: int
+    count: int
+
+
+@attrs.frozen(slots=True)
+class FlushTube:
+    """`flush-tube <tube>`: delete every ready, delayed and buried job of a tube."""
+
+    tube: str
+
+
+LIST_JOBS_STATES = ("ready", "delayed", "buried", "reserved")
+LIST_JOBS_MAX = 1000  # ids per list-jobs answer; page on with after-id
+
+
+@attrs.frozen(slots=True)
+class Auth:
+    """`auth <token>`: authenticate this connection for the admin commands."""
+
+    token: str
+
+
+@attrs.frozen(slots=True)
+class ErrorReply:
+    """Malformed input: answer `reply` and go on with the next command.
+
+    `counted_as` names the command whose counter beanstalkd still bumps
+    (a put whose body is too big counts as a put).
+    """
+
+    reply: bytes
+    counted_as: type | None = None
+
+
+Command = (
+    Put | Reserve | ReserveJob | Delete | Release | Bury | Touch | Use | Watch | Ignore | Peek
+    | PeekReady | PeekDelayed | PeekBuried | Kick | KickJob | StatsJob | StatsTube | Stats
+    | ListTubes | ListTubeUsed | ListTubesWatched | PauseTube | Quit | Replicate | ReplicaAck
+    | PromoteReplica | DeleteTube | ConfigDump | ReloadConfig | Auth | ListJobs | FlushTube
+)
+Event = Command | ErrorReply
+
+# Argument-less commands are immutable, so one instance each will do.
+PEEK_READY, PEEK_DELAYED, PEEK_BURIED = PeekReady(), PeekDelayed(), PeekBuried()
+STATS, LIST_TUBES, LIST_TUBE_USED, LIST_TUBES_WATCHED = (
+    Stats(), ListTubes(), ListTubeUsed(), ListTubesWatched())
+QUIT, RESERVE, PROMOTE = Quit(), Reserve(None), PromoteReplica()
+CONFIG, RELOAD_CONFIG = ConfigDump(), ReloadConfig()
+
+
+def render(cmd: Command) -> bytes:
+    """A command as a client sends it (the inverse of parsing)."""
+    t = type(cmd)
+    if t is Put:
+        age = b" %d" % cmd.max_age if cmd.max_age else b""
+        return b"put %d %d %d %d%s\r\n%s\r\n" % (
+            cmd.pri, cmd.delay, cmd.ttr, len(cmd.body), age, cmd.body)
+    if t is Reserve:
+        if cmd.timeout is None:
+            return b"reserve\r\n"
+        return b"reserve-with-timeout %d\r\n" % cmd.timeout
+    if t is Release:
+        return b"release %d %d %d\r\n" % (cmd.id, cmd.pri, cmd.delay)
+    if t is Bury:
+        return b"bury %d %d\r\n" % (cmd.id, cmd.pri)
+    if t is PauseTube:
+        return b"pause-tube %s %d\r\n" % (cmd.tube.encode(), cmd.delay)
+    if t is Kick:
+        return b"kick %d\r\n" % cmd.bound
+    if t is Replicate:
+        return b"replicate %d %s %d\r\n" % (cmd.epoch, (cmd.history or "-").encode(), cmd.after)
+    if t is ReplicaAck:
+        return b"replica-ack %d\r\n" % cmd.seq
+    if t is PromoteReplica:
+        return b"promote\r\n"
+    if t is ListJobs:
+        return b"list-jobs %s %s %d %d\r\n" % (cmd.tube.encode(), cmd.state.encode(),
+                                                cmd.after, cmd.count)
+    if t is FlushTube:
+        return b"flush-tube %s\r\n" % cmd.tube.encode()
+    if t is DeleteTube:
+        return b"delete-tube %s\r\n" % cmd.tube.encode()
+    if t is ConfigDump:
+        return b"config\r\n"
+    if t is ReloadConfig:
+        return b"reload-config\r\n"
+    if t is Auth:
+        return b"auth %s\r\n" % cmd.token.encode()
+    name = _NAMES[t]
+    if t in _ID_COMMANDS:
+        return b"%s %d\r\n" % (name, cmd.id)
+    if t in (Use, Watch, Ignore, StatsTube):
+        return b"%s %s\r\n" % (name, cmd.tube.encode())
+    return name + b"\r\n"
+
+
+_NAMES = {
+    ReserveJob: b"reserve-job", Delete: b"delete", Touch: b"touch", Peek: b"peek",
+    KickJob: b"kick-job", StatsJob: b"stats-job", Use: b"use", Watch: b"watch",
+    Ignore: b"ignore", StatsTube: b"stats-tube", PeekReady: b"peek-ready",
+    PeekDelayed: b"peek-delayed", PeekBuried: b"peek-buried", Stats: b"stats",
+    ListTubes: b"list-tubes", ListTubeUsed: b"list-tube-used",
+    ListTubesWatched: b"list-tubes-watched", Quit: b"quit",
+}
+_ID_COMMANDS = (ReserveJob, Delete, Touch, Peek, KickJob, StatsJob)

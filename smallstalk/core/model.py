@@ -1,0 +1,146 @@
+"""What the state is made of: jobs, tubes and connections, and the constants
+they share. The rules that keep them consistent are core/state.py's.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+READY, DELAYED, RESERVED, BURIED = range(4)
+NS = 1_000_000_000
+SAFETY_MARGIN = NS  # the last second of a TTR (DEADLINE_SOON)
+DEFAULT_TUBE = "default"
+URGENT_THRESHOLD = 1024  # a ready job with a lower priority counts as urgent
+
+
+def fanout_parent(tube: str) -> str | None:
+    """`orders` for `orders+audit`: the tube whose puts a fanout tube copies."""
+    parent, plus, child = tube.partition("+")
+    return parent if plus and parent and child else None
+
+
+class StateError(Exception):
+    """A record that cannot apply to this state: the log and the state disagree."""
+
+
+ZERO_COUNTS = (0, 0, 0, 0, 0)
+M32 = (1 << 32) - 1
+M64 = (1 << 64) - 1
+
+
+def _counter(i: int) -> property:
+    def get(self) -> int:
+        return self.counts[i]
+
+    def set_(self, value: int) -> None:
+        c = list(self.counts)
+        c[i] = value
+        self.counts = tuple(c)
+
+    return property(get, set_)
+
+
+class Job:
+    """One job. Kept small: a server may hold millions (see the RSS row in the README).
+
+    The five statistics live in one tuple, shared by every job whose counts
+    are all zero, and are read and written through properties.
+    """
+
+    __slots__ = (
+        "id", "tube", "pri", "delay", "ttr", "body", "state", "created", "deadline",
+        "reserver", "gen", "counts",
+    )
+
+    def __init__(self, id, tube, pri, delay, ttr, body, created):
+        self.id = id
+        self.tube = tube
+        self.pri = pri
+        self.delay = delay
+        self.ttr = ttr
+        self.body = body
+        self.created = created
+        self.state = READY
+        self.deadline = 0
+        self.reserver = 0
+        self.gen = 0
+        self.counts = ZERO_COUNTS
+
+    reserves = _counter(0)
+    timeouts = _counter(1)
+    releases = _counter(2)
+    buries = _counter(3)
+    kicks = _counter(4)
+
+
+# Where a million jobs are made (State.apply_put, storage/snapshot_codec.load),
+# Job.__init__ is inlined: object.__new__ and the attribute stores, no __init__ call.
+# tests/test_put_fastpath.py checks that those places set every slot.
+new_bare_job = object.__new__
+
+
+def body_len(body: bytes | int) -> int:
+    return body & M32 if isinstance(body, int) else len(body)
+
+
+def ready_key(j: Job) -> int:
+    """A ready-heap entry: one int ordered by (pri, id), carrying the job's gen.
+
+    An int instead of a (pri, id, gen) tuple saves ~30 bytes per ready job.
+    """
+    return (j.pri << 96) | (j.id << 32) | (j.gen & M32)
+
+
+class Tube:
+    __slots__ = (
+        "name", "ready", "delayed", "buried", "ready_n", "urgent_n", "reserved_n",
+        "delayed_n", "jobs_n", "total_jobs", "cmd_delete", "cmd_pause", "pause",
+        "unpause_at", "using_n", "watching_n", "waiting", "bytes_n", "spilled_n",
+        "expired_n", "discarded_n", "arrivals",
+    )
+
+    def __init__(self, name: str):
+        self.name = name
+        self.ready: list = []  # heap of ready_key ints: (pri, id, gen) packed
+        self.delayed: list = []  # heap of (deadline, id, gen)
+        self.buried: dict[int, Job] = {}  # FIFO
+        self.ready_n = self.urgent_n = self.reserved_n = self.delayed_n = self.jobs_n = 0
+        self.total_jobs = self.cmd_delete = self.cmd_pause = 0
+        self.pause = 0  # ns of the last pause-tube
+        self.unpause_at = 0  # ns
+        self.using_n = self.watching_n = 0
+        self.waiting: list[int] = []  # conn ids, oldest first (volatile)
+        self.bytes_n = 0  # body bytes of its jobs
+        self.spilled_n = 0  # ...of which on disk (read-behind)
+        self.expired_n = self.discarded_n = 0
+        # Job ids in the order they arrived, cleaned lazily: the oldest ready
+        # jobs are the ones discard-old-when-full drops. Kept only once asked
+        # for (`oldest_ready`): 10 bytes a job that most tubes never need.
+        self.arrivals: deque[int] | None = None
+
+    def paused(self, now: int) -> bool:
+        return self.unpause_at > now
+
+
+class Conn:
+    __slots__ = ("id", "use", "watch", "reserved", "logged", "waiting", "wait_deadline")
+
+    def __init__(self, id: int):
+        self.id = id
+        self.use = DEFAULT_TUBE
+        self.watch = [DEFAULT_TUBE]  # beanstalkd order, swap-removal
+        self.reserved: set[int] = set()
+        self.logged = False  # mentioned by a logged record: part of the durable state
+        self.waiting = False
+        self.wait_deadline: int | None = None
+
+
+def secs(ns: int) -> int:
+    """Nanoseconds to whole seconds, truncating toward zero as C does."""
+    return ns // NS if ns >= 0 else -(-ns // NS)
+
+
+def swap_remove(items: list, item) -> None:
+    i = items.index(item)
+    items[i] = items[-1]
+    items.pop()

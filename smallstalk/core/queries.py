@@ -1,0 +1,341 @@
+"""The read side of the state: what a reserve would get, what is due, what
+`kick` moves, when something next changes; and `check`, the invariants of
+core/state.py as assertions. Heaps are cleaned lazily here, from the top.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from smallstalk.core.model import (
+    BURIED,
+    DEFAULT_TUBE,
+    DELAYED,
+    M32,
+    M64,
+    READY,
+    RESERVED,
+    SAFETY_MARGIN,
+    Conn,
+    Job,
+    Tube,
+    body_len,
+    fanout_parent,
+)
+
+
+def _heap_walk(heap: list, cursor, count: int, live) -> list:
+    """Up to `count` live entries of a heap greater than `cursor`, ascending,
+    visiting only the entries before them (best-first over the heap's tree)."""
+    out: list = []
+    frontier = [(heap[0], 0)] if heap else []
+    n = len(heap)
+    while frontier and len(out) < count:
+        entry, i = heapq.heappop(frontier)
+        if entry > cursor and live(entry):
+            out.append(entry)
+        for child in (2 * i + 1, 2 * i + 2):
+            if child < n:
+                heapq.heappush(frontier, (heap[child], child))
+    return out
+
+
+def _job_key(j: Job | None, state: int, jid: int) -> tuple:
+    if not jid:
+        return (-1,)
+    return (j.deadline if j is not None and j.state == state else 0, jid)
+
+
+def _after_key(keys: list[tuple], cursor: tuple, count: int) -> list[int]:
+    return [k[1] for k in keys if k > cursor][:count]
+
+
+class Queries:
+    """Mixed into State: reads the fields `Moves.__init__` sets."""
+
+    def conn(self, cid: int) -> Conn | None:
+        return self.conns.get(cid)
+
+    def use_of(self, cid: int) -> str:
+        c = self.conns.get(cid)
+        return c.use if c else DEFAULT_TUBE
+
+    def watch_of(self, cid: int) -> list[str]:
+        c = self.conns.get(cid)
+        return c.watch if c else [DEFAULT_TUBE]
+
+    def conn_logged(self, cid: int) -> bool:
+        c = self.conns.get(cid)
+        return c is not None and c.logged
+
+    def _top_ready(self, t: Tube) -> Job | None:
+        heap = t.ready
+        jobs = self.jobs
+        while heap:
+            key = heap[0]
+            j = jobs.get((key >> 32) & M64)
+            if j is not None and (j.gen & M32) == (key & M32) and j.state == READY:
+                return j
+            heapq.heappop(heap)
+        return None
+
+    def _heap_top(self, heap: list, *states: int) -> Job | None:
+        """The job at the top of a (key, id, gen) heap, dropping stale entries."""
+        jobs = self.jobs
+        while heap:
+            _, jid, gen = heap[0]
+            j = jobs.get(jid)
+            if j is not None and j.gen == gen and j.state in states:
+                return j
+            heapq.heappop(heap)
+        return None
+
+    def _top_delayed(self, t: Tube) -> Job | None:
+        return self._heap_top(t.delayed, DELAYED)
+
+    def peek_ready(self, tube: str) -> Job | None:
+        t = self.tubes.get(tube)
+        return self._top_ready(t) if t else None
+
+    def peek_delayed(self, tube: str) -> Job | None:
+        t = self.tubes.get(tube)
+        return self._top_delayed(t) if t else None
+
+    def peek_buried(self, tube: str) -> Job | None:
+        t = self.tubes.get(tube)
+        if t is None or not t.buried:
+            return None
+        return next(iter(t.buried.values()))
+
+    def best_ready(self, cid: int, now: int) -> Job | None:
+        """The job a reserve by `cid` gets now: lowest (pri, id) in unpaused watched tubes."""
+        best = None
+        for name in self.watch_of(cid):
+            t = self.tubes[name]
+            if not t.ready_n or t.paused(now):
+                continue
+            j = self._top_ready(t)
+            if j is not None and (best is None or (j.pri, j.id) < (best.pri, best.id)):
+                best = j
+        return best
+
+    def has_ready(self, cid: int) -> bool:
+        """beanstalkd's conn_ready: a watched tube has ready jobs, paused or not."""
+        return any(self.tubes[name].ready_n for name in self.watch_of(cid))
+
+    def deadline_soon(self, cid: int, now: int) -> bool:
+        c = self.conns.get(cid)
+        if c is None or not c.reserved:
+            return False
+        soonest = min(self.jobs[jid].deadline for jid in c.reserved)
+        return now >= soonest - SAFETY_MARGIN
+
+    def next_grant(self, now: int) -> tuple[int, Job] | None:
+        """(waiting conn, job) for the best job any waiter can take now, or None."""
+        if not self.waiting_n:
+            return None
+        best = None
+        best_tube = None
+        for name in self.tube_order:
+            t = self.tubes[name]
+            if not t.waiting or not t.ready_n or t.paused(now):
+                continue
+            j = self._top_ready(t)
+            if j is not None and (best is None or (j.pri, j.id) < (best.pri, best.id)):
+                best, best_tube = j, t
+        if best is None:
+            return None
+        return best_tube.waiting[0], best
+
+    def kickable(self, tube: str, bound: int) -> list[int]:
+        """Ids `kick bound` moves: buried first (FIFO), else delayed (soonest first)."""
+        t = self.tubes.get(tube)
+        if t is None or bound == 0:
+            return []
+        if t.buried:
+            out = []
+            for jid in t.buried:
+                if len(out) >= bound:
+                    break
+                out.append(jid)
+            return out
+        live = [
+            (d, jid) for d, jid, gen in t.delayed
+            if (j := self.jobs.get(jid)) is not None and j.gen == gen and j.state == DELAYED
+        ]
+        return [jid for _, jid in heapq.nsmallest(bound, live)]
+
+    def _pop_due(self, heap: list, until: int, states: tuple[int, ...]) -> list[int]:
+        """Pop the entries of a (time, id, gen) heap up to `until` (inclusive); the
+        ids of those still live in one of `states`, soonest first."""
+        out = []
+        jobs = self.jobs
+        while heap and heap[0][0] <= until:
+            _, jid, gen = heapq.heappop(heap)
+            j = jobs.get(jid)
+            if j is not None and j.gen == gen and j.state in states:
+                out.append(jid)
+        return out
+
+    def due_promotions(self, now: int) -> list[int]:
+        return self._pop_due(self.delay_heap, now, (DELAYED,))
+
+    def due_timeouts(self, now: int) -> list[int]:
+        # beanstalkd: a deadline equal to now keeps the reservation.
+        return self._pop_due(self.ttr_heap, now - 1, (RESERVED,))
+
+    def due_expiries(self, now: int) -> list[int]:
+        """Ready or delayed jobs whose expiry time has come, soonest first."""
+        return self._pop_due(self.expiry_heap, now, (READY, DELAYED))
+
+    def oldest_ready(self, tube: str, count: int, nbytes: int = 0) -> list[int]:
+        """The oldest ready jobs of a tube, in arrival order, until `count` jobs
+        and `nbytes` body bytes are covered (fewer if the tube has no more)."""
+        t = self.tubes.get(tube)
+        if t is None:
+            return []
+        jobs = self.jobs
+        if t.arrivals is None:  # first asked: from now on kept as jobs arrive
+            t.arrivals = deque(jid for jid, j in jobs.items() if j.tube is t)
+        arrivals = t.arrivals
+        while arrivals and ((j := jobs.get(arrivals[0])) is None or j.tube is not t):
+            arrivals.popleft()  # gone or moved away: stale
+        out: list[int] = []
+        seen = set()
+        for jid in arrivals:
+            if len(out) >= count and nbytes <= 0:
+                break
+            j = jobs.get(jid)
+            if j is None or j.tube is not t or j.state != READY or jid in seen:
+                continue
+            seen.add(jid)
+            out.append(jid)
+            nbytes -= body_len(j.body)
+        return out
+
+    def list_jobs(self, tube: str, state: int, after: int, count: int) -> list[int]:
+        """Up to `count` ids of a tube's jobs in `state`, in the order they would
+        be handed out (ready: pri then id; delayed: deadline; buried: FIFO;
+        reserved: TTR deadline), after job `after` (0: from the start).
+
+        Costs about the jobs listed and skipped, not the tube's size, for ready
+        and delayed jobs: the heaps are walked best-first. A job `after` that
+        has left the state is placed by its id (and the lowest key).
+        """
+        t = self.tubes.get(tube)
+        if t is None or count <= 0:
+            return []
+        jobs = self.jobs
+        if state == BURIED:
+            ids = iter(t.buried)
+            if after and after in t.buried:
+                for jid in ids:
+                    if jid == after:
+                        break
+            elif after:
+                ids = (jid for jid in t.buried if jid > after)
+            return [jid for _, jid in zip(range(count), ids, strict=False)]
+        if state == RESERVED:
+            held = sorted((j.deadline, j.id) for c in self.conns.values() for jid in c.reserved
+                          if (j := jobs[jid]).tube is t)
+            return _after_key(held, _job_key(jobs.get(after), RESERVED, after), count)
+        if state == READY:
+            a = jobs.get(after)
+            cursor = ((a.pri if a is not None and a.state == READY else 0) << 96
+                      | after << 32 | M32) if after else -1
+
+            def live(key: int) -> bool:
+                j = jobs.get((key >> 32) & M64)
+                return j is not None and j.state == READY and (j.gen & M32) == key & M32
+
+            return [(k >> 32) & M64 for k in _heap_walk(t.ready, cursor, count, live)]
+        if state == DELAYED:
+            a = jobs.get(after)
+            dl = a.deadline if a is not None and a.state == DELAYED else 0
+            cursor = (dl, after, float("inf")) if after else (-1,)
+
+            def live_d(e: tuple) -> bool:
+                j = jobs.get(e[1])
+                return j is not None and j.state == DELAYED and j.gen == e[2]
+
+            return [e[1] for e in _heap_walk(t.delayed, cursor, count, live_d)]
+        return []
+
+    def is_fanout_tube(self, tube: str) -> bool:
+        """Is `tube` registered as a fanout tube (getting copies of its parent's puts)?"""
+        return tube in self.fanout.get(fanout_parent(tube), ())
+
+    def next_deadline(self, now: int) -> int | None:
+        """The earliest time (ns) at which something changes without a command."""
+        times = []
+        if self.expiry_heap and self._heap_top(self.expiry_heap, READY, DELAYED) is not None:
+            times.append(self.expiry_heap[0][0])
+        j = self._heap_top(self.delay_heap, DELAYED)
+        if j is not None:
+            times.append(j.deadline)
+        j = self._heap_top(self.ttr_heap, RESERVED)
+        if j is not None:
+            times.append(j.deadline + 1)  # a TTR runs out strictly after its deadline
+        if self.waiting_n:
+            for c in self.waiters.values():
+                if c.wait_deadline is not None:
+                    times.append(c.wait_deadline)
+                if c.reserved:
+                    times.append(min(self.jobs[j].deadline for j in c.reserved) - SAFETY_MARGIN)
+                for name in c.watch:
+                    t = self.tubes[name]
+                    if t.unpause_at > now:
+                        times.append(t.unpause_at)
+        return min(times) if times else None
+
+    def waiters_due(self, now: int) -> list[tuple[int, bool]]:
+        """Waiting conns to answer now, oldest first: (cid, True) when a job it
+        has reserved is near its deadline (DEADLINE_SOON, which wins), (cid,
+        False) when its own wait timed out."""
+        out = []
+        for c in list(self.waiters.values()):
+            if self.deadline_soon(c.id, now):
+                out.append((c.id, True))
+            elif c.wait_deadline is not None and c.wait_deadline <= now:
+                out.append((c.id, False))
+        return out
+
+    def check(self) -> None:
+        """Assert the invariants in the module docstring (for tests)."""
+        counts = {st: 0 for st in range(4)}
+        per_tube: dict[str, list[int]] = {name: [0, 0, 0, 0, 0] for name in self.tubes}
+        for j in self.jobs.values():
+            counts[j.state] += 1
+            pt = per_tube[j.tube.name]
+            pt[j.state] += 1
+            pt[4] += 1
+            if j.state == RESERVED:
+                assert j.id in self.conns[j.reserver].reserved
+            if j.state == BURIED:
+                assert j.id in j.tube.buried
+        assert counts[READY] == self.ready_n
+        assert counts[DELAYED] == self.delayed_n
+        assert counts[RESERVED] == self.reserved_n
+        assert counts[BURIED] == self.buried_n
+        for name, t in self.tubes.items():
+            ready, delayed, reserved, buried, total = per_tube[name]
+            assert (t.ready_n, t.delayed_n, t.reserved_n, len(t.buried), t.jobs_n) == (
+                ready, delayed, reserved, buried, total), name
+            mine = [j for j in self.jobs.values() if j.tube is t]
+            assert t.bytes_n == sum(body_len(j.body) for j in mine), name
+            assert t.spilled_n == sum(body_len(j.body) for j in mine
+                                      if isinstance(j.body, int)), name
+        assert self.body_bytes == sum(t.bytes_n for t in self.tubes.values())
+        assert self.spilled_bytes == sum(t.spilled_n for t in self.tubes.values())
+        assert all(jid in self.jobs for jid in self.expires)
+        for parent, children in self.fanout.items():
+            assert children and all(fanout_parent(c) == parent for c in children)
+        for c in self.conns.values():
+            for jid in c.reserved:
+                assert self.jobs[jid].reserver == c.id
+        assert sorted(self.tube_order) == sorted(self.tubes)
+        for name, t in self.tubes.items():
+            assert t.using_n == sum(1 for c in self.conns.values() if c.use == name)
+            assert t.watching_n == sum(1 for c in self.conns.values() if name in c.watch)
+            assert (t.jobs_n or t.using_n or t.watching_n or name == DEFAULT_TUBE)

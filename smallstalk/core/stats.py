@@ -1,0 +1,38 @@
+"""The data of `stats-job` and `stats-tube`: a job's and a tube's counters as
+(key, value) pairs in beanstalkd's order, for `protocol.yaml_dict` to render.
+"""
+
+from __future__ import annotations
+
+from smallstalk.core.model import DELAYED, NS, RESERVED, Job, Tube, secs
+
+STATE_NAMES = (b"ready", b"delayed", b"reserved", b"buried")
+
+
+def job_stats(j: Job, now: int) -> list[tuple[str, object]]:
+    time_left = secs(j.deadline - now) if j.state in (RESERVED, DELAYED) else 0
+    return [
+        ("id", j.id), ("tube", j.tube.name.encode()), ("state", STATE_NAMES[j.state]),
+        ("pri", j.pri), ("age", secs(now - j.created)), ("delay", j.delay),
+        ("ttr", j.ttr), ("time-left", time_left), ("file", 0), ("reserves", j.reserves),
+        ("timeouts", j.timeouts), ("releases", j.releases), ("buries", j.buries),
+        ("kicks", j.kicks),
+    ]
+
+
+def tube_stats(t: Tube, now: int) -> list[tuple[str, object]]:
+    paused = t.paused(now)
+    return [
+        ("name", t.name.encode()), ("current-jobs-urgent", t.urgent_n),
+        ("current-jobs-ready", t.ready_n), ("current-jobs-reserved", t.reserved_n),
+        ("current-jobs-delayed", t.delayed_n), ("current-jobs-buried", len(t.buried)),
+        ("total-jobs", t.total_jobs), ("current-using", t.using_n),
+        ("current-watching", t.watching_n), ("current-waiting", len(t.waiting)),
+        ("cmd-delete", t.cmd_delete), ("cmd-pause-tube", t.cmd_pause),
+        ("pause", t.pause // NS if paused else 0),
+        ("pause-time-left", secs(t.unpause_at - now) if paused else 0),
+        # smallstalk's own, after beanstalkd's keys:
+        ("jobs-expired", t.expired_n), ("jobs-discarded", t.discarded_n),
+        ("current-bytes", t.bytes_n), ("bytes-in-memory", t.bytes_n - t.spilled_n),
+        ("bytes-on-disk", t.spilled_n),
+    ]

@@ -1,0 +1,88 @@
+"""The mutation loop's timers: what happens because time passed, and when to look again.
+
+Called by the loop (loop.py) once per turn, after the turn's commands: delayed
+jobs whose time came (`Promote`), reservations whose TTR ran out (`Timeout`),
+jobs past their max-age (`Expire`), and waiting reserves to grant, to time
+out, or to warn with DEADLINE_SOON. See docs/ARCHITECTURE.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import trio
+
+from smallstalk.core import protocol as p
+from smallstalk.core import records as r
+from smallstalk.core.state import NS, State
+from smallstalk.server.commit import Unavailable
+from smallstalk.server.policy import Policies
+
+if TYPE_CHECKING:
+    from smallstalk.server.loop import MutationLoop
+
+
+def run(lp: MutationLoop) -> None:
+    """Everything that happens because time passed, as records."""
+    c = lp.commit
+    c.expire_parked()
+    if lp.read_only or (c.failed_until and trio.current_time() < c.failed_until):
+        return
+    st = lp.state
+    now = lp.now
+    try:
+        due = st.due_promotions(now)
+        if due:
+            lp.log(r.Promote, due)
+        due = st.due_timeouts(now)
+        if due:
+            lp.log(r.Timeout, due)
+        due = st.due_expiries(now)
+        if due:
+            lp.log(r.Expire, expiry_moves(st, lp.policies, due, now))
+        lp.grant_waiters()
+    except Unavailable:
+        return
+    for cid, soon in st.waiters_due(now):
+        s = lp.sessions.get(cid)
+        if s is not None:
+            lp.answer_wait(s, p.DEADLINE_SOON if soon else p.TIMED_OUT)
+    lp.grant_waiters()
+
+
+def expiry_moves(st: State, policies: Policies, due: list[int],
+                 now: int) -> list[tuple[int, str, int]]:
+    """Where each expiring job goes (its tube's expire-to, "" = deleted)."""
+    moves = []
+    for jid in due:
+        name = st.jobs[jid].tube.name
+        to = policies.of(name).expire_to
+        if to == name:
+            to = ""
+        age = policies.of(to).max_age if to else 0
+        moves.append((jid, to, now + age * NS if age else 0))
+    return moves
+
+
+def seconds_to_next_deadline(lp: MutationLoop) -> float | None:
+    """How long the loop may wait for input before a timer is due (None: no timer)."""
+    wait = _seconds_to_state_deadline(lp)
+    left = lp.commit.seconds_to_deadline()  # parked replies, a lazy fsync
+    if left is not None:
+        wait = left if wait is None else min(wait, left)
+    return wait
+
+
+def _seconds_to_state_deadline(lp: MutationLoop) -> float | None:
+    now = lp.clock()
+    deadline = lp.state.next_deadline(now)
+    failed_until = lp.commit.failed_until
+    if failed_until:
+        # Timers may not log while the AOF is failing: look again later.
+        retry = max(failed_until - trio.current_time(), 0.0)
+        if deadline is None:
+            return retry if retry > 0 else None
+        return max((deadline - now) / NS, retry)
+    if deadline is None:
+        return None
+    return max((deadline - now) / NS, 0.0)
