@@ -18,6 +18,8 @@ import collections
 import os
 import random
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +32,7 @@ from smallstalk.storage import aof, recovery
 
 from ..support.bsclient import Client, connect, peek_ids
 from ..support.powercut import PowerCutMount, children, mounted, power_cut
-from ..support.procs import Server, start_smallstalk, wait_for
+from ..support.procs import REPO, Server, start_smallstalk, wait_for
 from .test_crash import JOIN_TIMEOUT, Harness, Worker
 
 ROUNDS = int(os.environ.get("SMALLSTALK_POWERCUT_ROUNDS", "8"))
@@ -260,6 +262,40 @@ def test_reserve_job_out_of_buried_or_delayed_is_durable_before_its_reply(
         with connect(srv.port) as c:
             states = {j: (c.stats_job(j) or {}).get("state") for j in jobs}
         assert states == dict.fromkeys(jobs, "ready"), states
+
+
+@pytest.mark.parametrize("link", [True, False], ids=["hard-links", "copies"])
+def test_a_backup_survives_a_power_cut_once_it_is_done(tmp_path: Path, disk: PowerCutMount,
+                                                        servers: list[Server],
+                                                        link: bool) -> None:
+    """`smallstalk backup` of a live server (data and copy on powercutfs), under load and
+    compaction; the power goes the moment it returns: the copy starts and holds every job
+    acknowledged before the backup began."""
+    data, dest = disk.path / "data", disk.path / "backups" / "copy"
+    srv = start_smallstalk(tmp_path, *SMALL, data_dir=data)
+    servers.append(srv)
+    acked: list[int] = []
+    with connect(srv.port) as c:
+        put_until(c, lambda: "compacted" in srv.log(), acked, what="a compaction")
+    before = list(acked)
+    stop = threading.Event()
+    producer = Producer(srv.port, random.Random(0))
+    t = threading.Thread(target=producer.run, args=(stop,), daemon=True)
+    t.start()
+    out = subprocess.run([sys.executable, "-m", "smallstalk", "backup",
+                          *(() if link else ("--copy",)), str(data), str(dest)],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    cut = power_cut(disk, srv.pid)
+    srv.kill()
+    stop.set()
+    t.join(JOIN_TIMEOUT)
+    ctx = f"{len(before)} puts before the backup, undone {cut}"
+    copy = restart(tmp_path, dest, ctx=ctx)
+    servers.append(copy)
+    with connect(copy.port) as c:
+        got = peek_ids(c, before)
+    assert len(got) == len(before), f"{ctx}: the backup lost {len(before) - len(got)} jobs"
 
 
 # --- a replica installing its primary's snapshot ----------------------------------------------
