@@ -187,3 +187,29 @@ def test_start_ups_reader_names_a_record_that_does_not_decode(tmp_path: Path) ->
     assert e.value.offset == aof.HEADER_SIZE + len(aof.frame(put(1))) and e.value.seq == 1
     with pytest.raises(CorruptionError, match="header says first seq 1, first record has 2"):
         list(aof.iter_segment(path, segment(1, [put(2)])))
+
+
+def test_header_errors_name_the_file_and_offset_0(tmp_path: Path) -> None:
+    p = tmp_path / "f.aof"
+    head = aof.header(aof.SEGMENT_MAGIC, 42)
+    future = aof.HEADER.pack(aof.SEGMENT_MAGIC, r.FORMAT_VERSION + 1, 42)
+    cases = [(head[:-1], "file shorter than its header"), (head[:-1] + b"\x00", "bad header"),
+             (future + struct.pack("<I", zlib.crc32(future)),
+              f"unknown format version {r.FORMAT_VERSION + 1}")]
+    for data, why in cases:
+        with pytest.raises(CorruptionError) as e:
+            aof.read_header(p, data, aof.SEGMENT_MAGIC)
+        assert (e.value.path, e.value.offset, e.value.seq, e.value.why) == (p, 0, None, why)
+        assert str(e.value) == f"{p}: {why} at offset 0 (before any record)"
+
+
+def test_only_numbered_segments_and_snapshots_are_listed(tmp_path: Path) -> None:
+    for name in ("00000000000000000001.aof", "00000000000000000009.aof", "notes.aof",
+                 "00000000000000000005.aof.broken", "00000000000000000003.tmp",
+                 "00000000000000000007.snap", "00000000000000000007.bodies",
+                 "00000000000000000008.snap.123.tmp", "x.snap"):
+        (tmp_path / name).write_bytes(b"")
+    assert [s for s, _ in aof.list_segments(tmp_path)] == [1, 9]
+    assert [(s, p.name) for s, p in aof.list_snapshots(tmp_path)] == \
+        [(7, "00000000000000000007.snap")]
+    assert aof.list_segments(tmp_path / "missing") == []
