@@ -19,6 +19,7 @@ from pathlib import Path
 import trio
 
 from smallstalk import __version__, listen
+from smallstalk.client.security import TOKEN_ENV, token_for_tool
 from smallstalk.config import (
     ServeConfig,
     UsageError,
@@ -30,6 +31,7 @@ from smallstalk.core import records as r
 from smallstalk.core.state import State
 from smallstalk.replication.feed import Hooks, new_history
 from smallstalk.replication.follower import Follower
+from smallstalk.server.admin import AdminPolicy, parse_allow, read_token
 from smallstalk.server.connection import serve_listeners
 from smallstalk.server.loop import MutationLoop
 from smallstalk.server.policy import ConfigError
@@ -47,7 +49,7 @@ Usage: smallstalk COMMAND [ARGS]
 Commands:
   serve         run the server (see `smallstalk serve -h`); beanstalkd's
                 flags without a command also serve
-  promote       promote HOST:PORT: turn a replica into a primary
+  promote       promote [--token-file FILE] HOST:PORT: turn a replica into a primary
   config        config dump: the effective per-tube settings, from a
                 --config FILE or a running --server HOST:PORT
   aof           inspect a data directory: aof ls | dump | verify
@@ -171,6 +173,9 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
                       min_replica_acks=cfg.min_replica_acks,
                       replica_ack_timeout=cfg.replica_ack_timeout)
     lp.policies = cfg.policies
+    lp.extended_stats = cfg.extended_stats
+    token = read_token(cfg.admin_token_file) if cfg.admin_token_file else None
+    lp.admin = AdminPolicy(token, parse_allow(cfg.admin_allow))
     lp.replication = Hooks()  # `replicate` and `promote` (server/ does not import replication/)
     if journal is not None:
         lp.use_bodies(bodies)
@@ -181,7 +186,8 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
     follower = None
     if cfg.replica_of:
         # A replica logs only what its primary sends, with the primary's seqs.
-        follower = Follower(lp, *cfg.replica_of)
+        # What it sends the primary first: its own admin token, or the client's variable.
+        follower = Follower(lp, *cfg.replica_of, token=token or os.environ.get(TOKEN_ENV, "").strip() or None)
         lp.role, lp.follower = "replica", follower
         lp.read_only = "replica"
     elif journal is not None:
@@ -262,11 +268,13 @@ async def _reload(lp: MutationLoop, cfg: ServeConfig | None) -> None:
 
 
 PROMOTE_HELP = """\
-usage: smallstalk promote HOST:PORT
+usage: smallstalk promote [--token-file FILE] HOST:PORT
 
 Tell the replica at HOST:PORT to become a primary: it stops following its
 primary and takes writes. Prints the replica's answer; exits 0 on PROMOTED.
-See docs/OPERATIONS.md for the failover runbook.
+A replica started with --admin-token-file needs its token: from
+--token-file FILE, else from $SMALLSTALK_TOKEN (never an argument: `ps`
+shows those). See docs/OPERATIONS.md for the failover runbook.
 """
 
 
@@ -275,23 +283,44 @@ def promote_command(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(PROMOTE_HELP, end="")
         return 0
-    if len(argv) != 1:
-        raise UsageError("promote takes one argument, HOST:PORT")
-    host, _, port = argv[0].rpartition(":")
+    args = list(argv)
+    token_file = None
+    if args and args[0].startswith("--token-file"):
+        flag = args.pop(0)
+        if "=" in flag:
+            token_file = flag.partition("=")[2]
+        elif args:
+            token_file = args.pop(0)
+        else:
+            raise UsageError("--token-file takes a FILE")
+    if len(args) != 1:
+        raise UsageError("promote takes one argument, HOST:PORT (and --token-file FILE first)")
+    host, _, port = args[0].rpartition(":")
     if not host or not port.isdigit() or int(port) > 65535:
-        raise UsageError(f"promote: not HOST:PORT: {argv[0]}")
+        raise UsageError(f"promote: not HOST:PORT: {args[0]}")
+    try:
+        token = token_for_tool(token_file)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    hello = b"" if token is None else p.render(p.Auth(token))
     try:
         with socket.create_connection((host, int(port)), timeout=30) as sock:
-            sock.sendall(p.render(p.PROMOTE))
+            sock.sendall(hello + p.render(p.PROMOTE))
             reply = b""
-            while not reply.endswith(b"\r\n"):
+            while reply.count(b"\r\n") < (2 if token is not None else 1):
                 chunk = sock.recv(4096)
                 if not chunk:
                     break
                 reply += chunk
     except OSError as e:
-        print(f"smallstalk promote: {argv[0]}: {e.strerror or e}", file=sys.stderr)
+        print(f"smallstalk promote: {args[0]}: {e.strerror or e}", file=sys.stderr)
         return 1
+    if token is not None:
+        first, _, reply = reply.partition(b"\r\n")
+        if first + b"\r\n" != p.OK:
+            print(f"smallstalk promote: {args[0]} refused the admin token: "
+                  f"{first.decode(errors='replace')}", file=sys.stderr)
+            return 1
     text = reply.decode(errors="replace").strip()
     print(text)
     return 0 if reply.strip().startswith(p.PROMOTED_WORD) else 1

@@ -16,6 +16,7 @@ import attrs
 
 from smallstalk import __version__
 from smallstalk.core import protocol
+from smallstalk.server.admin import LOOPBACK, parse_allow, read_token
 from smallstalk.server.policy import (
     ConfigError,
     Policies,
@@ -79,6 +80,15 @@ Replication (needs a data directory; see the README):
  --replica-ack-timeout S how long to wait for those acks before answering
                          NOT_REPLICATED (default 5)
 
+Admin commands (replicate, promote, config, reload-config, flush-tube;
+see docs/SECURITY.md):
+ --admin-token-file FILE every connection must send `auth <token>` first; FILE holds
+                         the token (replicas send their own file's token to the primary)
+ --admin-allow CIDR,...  without a token: the addresses that may run them
+                         (default 127.0.0.0/8,::1; the unix socket always may)
+ --extended-stats        stats and stats-tube carry smallstalk's own keys too (default:
+                         beanstalkd's keys only; ext-stats and ext-stats-tube serve ours)
+
 Operator console (needs the extra: pip install smallstalk[console]):
  --http ADDR:PORT        serve /metrics and the web console there (default: off)
 """
@@ -114,6 +124,10 @@ class ServeConfig:
     # The file's [server] settings as read at start ({TOML key: value}), to
     # tell on a reload whether the file now asks for something else.
     file_settings: dict[str, Any] = attrs.Factory(dict)
+    # Admin commands (server/admin.py): the token's file, the CIDRs trusted without one.
+    admin_token_file: Path | None = None
+    admin_allow: tuple[str, ...] = LOOPBACK
+    extended_stats: bool = False  # stats and stats-tube append smallstalk's keys
 
 
 def _int(text: str, flag: str) -> int:
@@ -138,6 +152,7 @@ LONG_OPTIONS = {
     "--compact-interval", "--compact-segments", "--keep-segments-hours",
     "--keep-segments-bytes", "--replica-of", "--min-replica-acks", "--replica-ack-timeout",
     "--listen", "--port", "--max-job-size", "--max-memory", "--config", "--http",
+    "--admin-token-file", "--admin-allow",
 }
 
 FSYNC_MODES = {"always": FSYNC_ALWAYS, "everysec": FSYNC_INTERVAL, "never": FSYNC_NEVER}
@@ -158,7 +173,7 @@ def parse_serve(argv: list[str]) -> ServeConfig | str:
             name, eq, value = arg.partition("=")
             if name in ("--help",):
                 return SERVE_HELP
-            if name == "--no-compact":
+            if name in ("--no-compact", "--extended-stats"):
                 flags_seen.append((name, ""))
                 continue
             if name == "--version":
@@ -207,7 +222,18 @@ def parse_serve(argv: list[str]) -> ServeConfig | str:
             _set_long(cfg, flag, value)
         else:
             _set_short(cfg, flag[1], value)
+    _check_admin(cfg)
     return cfg
+
+
+def _check_admin(cfg: ServeConfig) -> None:
+    """A token file that cannot be read, or an address that is none, stops the start."""
+    try:
+        parse_allow(cfg.admin_allow)
+        if cfg.admin_token_file is not None:
+            read_token(cfg.admin_token_file)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _set_short(cfg: ServeConfig, ch: str, value: str) -> None:
@@ -252,6 +278,15 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
         cfg.compact_segments = max(_int(value, name), 1)
     elif name == "--no-compact":
         cfg.compact = False
+    elif name == "--extended-stats":
+        cfg.extended_stats = True
+    elif name == "--admin-token-file":
+        cfg.admin_token_file = Path(value).absolute()
+    elif name == "--admin-allow":
+        try:
+            cfg.admin_allow = _cidrs(value, name)
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
     elif name == "--keep-segments-hours":
         cfg.keep_hours = _float(value, name)
     elif name == "--keep-segments-bytes":
@@ -279,6 +314,19 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
             cfg.max_memory = parse_size(value, name)
         except ConfigError as e:
             raise UsageError(str(e)) from None
+
+
+def _cidrs(value: object, where: str) -> tuple[str, ...]:
+    """"CIDR,CIDR" (a flag, or the file's string), or the file's list of strings."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise ConfigError(f"{where}: expected \"CIDR,...\" or a list of CIDRs, got {value!r}")
+    out = tuple(i.strip() for i in items if i.strip())
+    try:
+        parse_allow(out)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    return out
 
 
 def _float(text: str, flag: str) -> float:
@@ -376,6 +424,9 @@ SERVER_KEYS: dict[str, tuple[str, Callable[[object, str], Any]]] = {
     "replica-ack-timeout": ("replica_ack_timeout", _seconds),
     "max-memory": ("max_memory", parse_size),
     "http": ("http", _replica_of),
+    "admin-token-file": ("admin_token_file", _text),
+    "admin-allow": ("admin_allow", _cidrs),
+    "extended-stats": ("extended_stats", _bool),
 }
 
 def server_settings(doc: Mapping[str, Any], path: Path) -> dict[str, Any]:
@@ -390,7 +441,7 @@ def server_settings(doc: Mapping[str, Any], path: Path) -> dict[str, Any]:
                               f"(known: {', '.join(SERVER_KEYS)})")
         where = f"{path}: server.{key}"
         out[key] = SERVER_KEYS[key][1](value, where)
-        if key == "data-dir":  # relative to the file, not to wherever the server starts
+        if key in ("data-dir", "admin-token-file"):  # relative to the file, not the cwd
             out[key] = path.parent / out[key]
     return out
 

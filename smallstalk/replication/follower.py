@@ -76,9 +76,10 @@ class FrameReader:
 
 
 class Follower:
-    def __init__(self, lp, host: str, port: int):
+    def __init__(self, lp, host: str, port: int, token: str | None = None):
         self.lp = lp
         self.host, self.port = host, port
+        self.token = token  # sent with `auth` first (docs/SECURITY.md)
         self.connected = False
         self.primary_seq = 0
         self.primary_time = 0
@@ -120,8 +121,16 @@ class Follower:
         stream = await trio.open_tcp_stream(self.host, self.port)
         async with stream:
             epoch, history = lp.state.epoch
-            await stream.send_all(p.render(p.Replicate(epoch, history, lp.state.last_seq)))
             reader = FrameReader(stream)
+            if self.token is not None:
+                # Answered before `replicate` is sent: a feed owns its connection
+                # from its first line on, so no reply may be pending behind it.
+                await stream.send_all(p.render(p.Auth(self.token)))
+                line = await reader.line()
+                if line + b"\r\n" != p.OK:
+                    raise FeedError(f"the primary refused our admin token: "
+                                    f"{line.decode(errors='replace')}")
+            await stream.send_all(p.render(p.Replicate(epoch, history, lp.state.last_seq)))
             line = await reader.line()
             words = line.split()
             if not words or words[0] not in (p.REPLICATING_WORD, p.FULLRESYNC_WORD):

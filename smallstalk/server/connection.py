@@ -81,7 +81,7 @@ class _Connection:
         self.changed = trio.Event()  # something the flusher cares about
         self.room = trio.Event()  # the backlog shrank (a throttled reader)
         self.stopped = trio.Event()  # the poller stopped reading this connection
-        self.session = lp.open_session(self.deliver)
+        self.session = lp.open_session(self.deliver, *peer_of(stream))
 
     # --- called by the loop (synchronously, at the end of a turn) -----------------
 
@@ -220,6 +220,22 @@ class _Connection:
                 break
             await self._wait_changed()
         cancel.cancel()
+
+
+def peer_of(stream: trio.abc.Stream) -> tuple[str | None, str]:
+    """(peer address, transport) of a connection, for the admin check (server/admin.py)."""
+    sock = getattr(stream, "socket", None)
+    if sock is None:  # a stream wrapping another (TLS)
+        inner = getattr(stream, "transport_stream", None)
+        sock = getattr(inner, "socket", None)
+    if sock is None:  # not a socket we know: trusted with nothing
+        return None, "unknown"
+    if sock.family == stdsocket.AF_UNIX:
+        return None, "unix"
+    try:
+        return sock.getpeername()[0], "tcp"
+    except OSError:  # already gone: trusted with nothing
+        return "?", "tcp"
 
 
 async def serve_connection(lp: MutationLoop, stream: trio.abc.Stream, max_job_size: int,

@@ -19,6 +19,7 @@ stamped on every record of the turn. See docs/ARCHITECTURE.md.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import os
@@ -33,6 +34,7 @@ from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import State
 from smallstalk.server import dispatch, timers
+from smallstalk.server.admin import AdminPolicy
 from smallstalk.server.commit import GroupCommit, Unavailable
 from smallstalk.server.policy import ConfigError, Policies, load_policies
 from smallstalk.server.session import Session
@@ -101,13 +103,20 @@ class MutationLoop:
         self.config_path: Path | None = None
         self.bodies = None  # the read-behind body store (bodies.py), when there is a budget
         self.commit = GroupCommit(self, journal, min_replica_acks, replica_ack_timeout)
+        self.admin = AdminPolicy()  # the admin token and addresses (cli.py sets them)
+        self.extended_stats = False  # --extended-stats: stats, stats-tube carry ours too
+        self.parked: list[tuple[float, int, Session, bytes]] = []  # heap: (due, id, s, reply)
 
     # --- the connection side (called from connection tasks) ----------------------
 
-    def open_session(self, deliver: Callable) -> Session:
+    def open_session(self, deliver: Callable, peer: str | None = None,
+                     transport: str = "local") -> Session:
+        """A new connection's session; `peer` and `transport` decide whether it
+        may run admin commands without `auth` (server/admin.py)."""
         sid = self._next_conn
         self._next_conn += 1
-        s = Session(sid, deliver)
+        s = Session(sid, deliver, peer, transport)
+        s.admin = self.admin.trusts(peer, transport)
         self._send.send_nowait(("open", s))
         return s
 
@@ -316,7 +325,7 @@ class MutationLoop:
                 self.volatile(r.Connect, s.id)
             elif kind == "eof":
                 s.halfclosed = True
-                if s.blocked:
+                if s.blocked and not s.parked:
                     self.answer_wait(s, p.TIMED_OUT)
             elif kind == "close":
                 self._close(s)
@@ -381,6 +390,23 @@ class MutationLoop:
             s.need = must_sync
         self.volatile(r.WaitStop, s.id)
         s.blocked = False
+        s.out.append(reply)
+        s.out_mut.append(False)
+        self._run(s)
+
+    def park(self, s: Session, reply: bytes, seconds: float) -> None:
+        """Answer `s` with `reply` after `seconds` (timers.py), running nothing
+        of it meanwhile; the loop goes on with everyone else."""
+        s.blocked = s.parked = True
+        heapq.heappush(self.parked, (trio.current_time() + seconds, s.id, s, reply))
+
+    def unpark(self, s: Session, reply: bytes) -> None:
+        s.blocked = s.parked = False
+        if self.sessions.get(s.id) is not s:
+            return  # the connection closed meanwhile
+        must_sync = self.commit.must_sync
+        if must_sync > s.need:
+            s.need = must_sync
         s.out.append(reply)
         s.out_mut.append(False)
         self._run(s)

@@ -12,10 +12,11 @@ class Session:
     __slots__ = (
         "id", "pending", "out", "out_mut", "blocked", "halfclosed", "closing", "producer",
         "worker", "deliver", "wait_deadline", "feed", "view_use", "inflight", "pending_bytes",
-        "need",
+        "need", "peer", "transport", "admin", "parked",
     )
 
-    def __init__(self, sid: int, deliver: Callable):
+    def __init__(self, sid: int, deliver: Callable, peer: str | None = None,
+                 transport: str = "local"):
         self.id = sid
         self.pending: deque = deque()
         self.out: list[bytes] = []
@@ -39,6 +40,13 @@ class Session:
         # Under --fsync always: the seq that must be durable before its replies
         # so far may go. Never goes down, so its replies leave in order.
         self.need = 0
+        # Who is at the other end: the peer's address (None on a unix socket or
+        # in-process), "tcp", "unix" or "local"; may it run admin commands
+        # (server/admin.py); `parked`: blocked until a timer answers (a failed auth).
+        self.peer = peer
+        self.transport = transport
+        self.admin = False
+        self.parked = False
 
 
 def deliver(delivery: tuple) -> None:

@@ -202,17 +202,19 @@ def token_servers() -> list[Any]:
 
 @pytest.mark.parametrize("kind", CLIENT_KINDS)
 @pytest.mark.parametrize("server_kind", token_servers())
-def test_a_token_sends_auth_first_and_a_server_without_it_is_a_clear_error(
+def test_a_token_the_server_does_not_take_is_a_clear_error(
         kind: str, server_kind: str, server: Server, tmp_path: Path) -> None:
-    """The server's side of `auth` is not built yet: a server without it answers
-    UNKNOWN_COMMAND, which the client turns into an error saying what to do,
-    before it sends anything else on that connection."""
+    """beanstalkd has no `auth` (UNKNOWN_COMMAND); a smallstalk without
+    --admin-token-file refuses every token (UNAUTHORIZED): either way the client
+    raises an error saying what to do before it sends anything else."""
     srv = server if server_kind == "smallstalk" else start_beanstalkd(tmp_path)
     addr = f"127.0.0.1:{srv.port}"
+    want = (Unauthorized, "refused the token") if server_kind == "smallstalk" else (
+        UnknownCommand, "no `auth` command.*without a token")
     try:
         with Client(addr) as plain:
             before = plain.stats()
-            with pytest.raises(UnknownCommand, match="no `auth` command.*without a token"):
+            with pytest.raises(want[0], match=want[1]):
                 run(kind, addr, lambda c: aw(c.put(b"x", tube="auth-test")), token="s3cr3t")
             after = plain.stats()
             assert after.cmd_put == before.cmd_put  # the put never went
@@ -221,6 +223,30 @@ def test_a_token_sends_auth_first_and_a_server_without_it_is_a_clear_error(
     finally:
         if srv is not server:
             srv.stop()
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+def test_the_right_token_opens_admin_commands_and_a_wrong_one_nothing(
+        kind: str, tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("s3cr3t\n")
+    srv = start_smallstalk(tmp_path, "--admin-token-file", str(tmp_path / "token"))
+    addr = f"127.0.0.1:{srv.port}"
+    try:
+        async def put_and_flush(c: Any) -> int:
+            await aw(c.put(b"x", tube="tok"))
+            return await aw(c.flush_tube("tok"))
+
+        assert run(kind, addr, put_and_flush, token="s3cr3t") == 1
+        assert run(kind, addr, put_and_flush, token_file=tmp_path / "token") == 1
+        with pytest.raises(Unauthorized):
+            run(kind, addr, put_and_flush, token="wrong")
+        # Without a token, ordinary commands work and admin ones are refused.
+        with pytest.raises(Unauthorized):
+            run(kind, addr, put_and_flush)
+        with Client(addr) as plain:
+            assert plain.stats_tube("tok").current_jobs_ready == 1
+    finally:
+        srv.stop()
 
 
 # --- addresses as the ecosystem writes them ---------------------------------------

@@ -123,7 +123,7 @@ class PowerRounds(Harness):
         try:
             self.verify(new, ctx)
             with connect(new.port) as c:
-                if int(c.stats()["bytes-on-disk"]):
+                if int(c.ext_stats()["bytes-on-disk"]):
                     self.spilled_rounds += 1
         except BaseException:
             new.kill()

@@ -16,13 +16,19 @@ import greenstalk
 from smallstalk.storage import snapshot_codec
 from smallstalk.storage.recovery import recover
 
+from ..support.bsclient import connect
 from ..support.procs import Server, free_port, start_smallstalk, wait_for
 from ..support.threads import start as start_thread
 
 
 def stats(port: int) -> dict:
-    with greenstalk.Client(("127.0.0.1", port)) as c:
-        return c.stats()
+    """`stats` and smallstalk's `ext-stats` together, numbers as ints."""
+    c = connect(port)
+    try:
+        both = {**c.stats(), **c.ext_stats()}
+    finally:
+        c.close()
+    return {k: int(v) if v.isdigit() else v for k, v in both.items()}
 
 
 def caught_up(primary: Server, replica: Server) -> bool:

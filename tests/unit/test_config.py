@@ -295,3 +295,24 @@ def test_every_key_is_documented() -> None:
 def test_version_flag_prints_the_package_version() -> None:
     assert parse_serve(["--version"]) == f"smallstalk {__version__}"
     assert parse_serve(["-v"]) == f"smallstalk {__version__}"  # beanstalkd's short flag
+
+
+def test_admin_settings_from_flags_and_the_file(tmp_path: Path) -> None:
+    from smallstalk.config import parse_serve
+    from smallstalk.server.admin import LOOPBACK
+
+    (tmp_path / "tok").write_text("s3cr3t\n")
+    cfg = tmp_path / "smallstalk.toml"
+    cfg.write_text('[server]\nadmin-token-file = "tok"\nadmin-allow = ["10.0.0.0/8", "::1"]\n'
+                   'extended-stats = true\n')
+    got = parse_serve(["--config", str(cfg)])
+    assert got.admin_token_file == tmp_path / "tok"  # relative to the file
+    assert got.admin_allow == ("10.0.0.0/8", "::1") and got.extended_stats
+    assert parse_serve([]).admin_allow == LOOPBACK and not parse_serve([]).extended_stats
+    assert parse_serve(["--admin-allow", "192.168.1.0/24, 127.0.0.1"]).admin_allow == (
+        "192.168.1.0/24", "127.0.0.1")
+    with pytest.raises(UsageError, match="not an address or CIDR: 'nope'"):
+        parse_serve(["--admin-allow", "10.0.0.0/8,nope"])
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(UsageError, match="must hold one word"):
+        parse_serve(["--admin-token-file", str(tmp_path / "empty")])
