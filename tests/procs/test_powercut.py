@@ -31,8 +31,8 @@ import pytest
 from smallstalk.storage import aof, recovery
 
 from ..support.bsclient import Client, connect, peek_ids
-from ..support.powercut import PowerCutMount, children, mounted, power_cut
-from ..support.procs import REPO, Server, start_smallstalk, wait_for
+from ..support.powercut import PowerCutMount, mounted, power_cut
+from ..support.procs import REPO, Server, children, start_smallstalk, wait_for
 from .test_crash import JOIN_TIMEOUT, Harness, Worker
 
 ROUNDS = int(os.environ.get("SMALLSTALK_POWERCUT_ROUNDS", "8"))
