@@ -23,6 +23,8 @@ from smallstalk.core.state import BURIED, READY, RESERVED, Job, State, StateErro
 from smallstalk.storage import aof, datadir, recovery, snapshot, snapshot_codec
 from smallstalk.storage.aof import CorruptionError
 
+from ..support.segments import write_segment
+
 T0 = 1_700_000_000 * 10**9
 S = 10**9
 
@@ -137,15 +139,6 @@ def test_apply_put_refuses_like_apply(bad: r.Put) -> None:
     assert str(quick_err.value) == str(slow_err.value)
     assert fingerprint(quick) == fingerprint(slow)
 
-
-def write_segment(aof_dir: Path, recs: list) -> Path:
-    aof_dir.mkdir(parents=True, exist_ok=True)
-    w = aof.SegmentWriter(aof_dir, recs[0].seq)
-    for rec in recs:
-        w.append(r.encode(rec), rec.seq)
-    w.write()
-    w.close()
-    return w.path
 
 
 def generic_recover(data_dir: Path) -> State:
