@@ -16,6 +16,7 @@ from smallstalk.server.commit import RETRY_AFTER_FAILURE
 from smallstalk.storage import aof
 
 from ..support.bsclient import Client, Reply, connect, peek_ids, stats_jobs
+from ..support.powercut import PowerCutMount, mounted
 from ..support.procs import Server, start_smallstalk, wait_for
 
 FSIZE = resource.RLIMIT_FSIZE
@@ -375,6 +376,42 @@ def test_compactor_failures_do_not_stop_the_server(
         wait_for(lambda: len(aof.list_segments(data / "aof")) <= 2, 10.0, "compaction to catch up")
     srv.kill()
     servers.append(verify_restart(tmp_path, data, led))
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[PowerCutMount]:
+    yield from mounted(tmp_path)
+
+
+def test_compactor_survives_a_disk_that_answers_eio(
+    tmp_path: Path, disk: PowerCutMount, servers: list[Server]
+) -> None:
+    """Every file request fails with EIO right after a compaction's snapshot is renamed: the
+    compactor logs each failed attempt (file and errno) and retries; the server serves reads and
+    refuses writes, and acknowledges nothing it could not write."""
+    data = disk.path / "data"
+    disk.arm("snapshots")  # the power goes right after the new snapshot is durable
+    srv = start_smallstalk(tmp_path, "--segment-records", "10", "--compact-interval", "0.2",
+                           data_dir=data)
+    servers.append(srv)
+    led = Ledger()
+    with connect(srv.port) as c:
+        deadline = time.monotonic() + 30
+        while not disk.fired():
+            assert time.monotonic() < deadline, "no compaction wrote a snapshot in 30s"
+            r = led.put(c, "pre")
+            if r.status != b"INSERTED":
+                break
+        wait_for(disk.fired, 10.0, "the armed cut")
+        # Several compactor intervals (and the commit retry window) with the disk gone.
+        stay_up(srv, c, 2.0)
+        refused = refuses_for(c, led, RETRY_AFTER_FAILURE + 0.5)
+        assert set(refused) == {b"INTERNAL_ERROR"}, refused
+        check_reads(c, led)
+        stay_up(srv, c, 1.0)
+    failures = [line for line in srv.log().splitlines() if "compaction" in line and "Errno 5" in line]
+    assert len(failures) >= 2, f"no retried, logged compaction failure:\n{srv.log()[-2000:]}"
+    assert "compactor.py" not in srv.log(), "a compaction failure logged a traceback"
 
 
 def stay_up(srv: Server, c: Client, seconds: float) -> None:
