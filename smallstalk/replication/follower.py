@@ -153,6 +153,9 @@ class Follower:
                 finally:
                     tmp.unlink(missing_ok=True)
                 log.info("full resync from snapshot at seq %d", snap_seq)
+                # On our disk now: the primary may answer the changes it covers, even
+                # when no record follows it.
+                await stream.send_all(p.render(p.ReplicaAck(snap_seq)))
             self.connected = True
             self.last_error = None
             log.info("following %s:%d%s from seq %d", self.host, self.port,

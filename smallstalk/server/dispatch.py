@@ -521,7 +521,10 @@ def _storage_info(j: Journal | None) -> dict:
     if j is None:  # beanstalkd shows its default file size even without -b
         return {"oldest": 0, "current": 0, "migrated": 0, "written": 0,
                 "max_size": 10 << 20}
-    closed = j.closed_segments()
+    try:
+        closed = j.closed_segments()
+    except OSError:  # the disk is failing: stats still answers, from memory
+        closed = []
     oldest = int(closed[0].stem) if closed else j.segment.first_seq
     return {
         "oldest": oldest, "current": j.segment.first_seq,

@@ -191,7 +191,7 @@ class MutationLoop:
         j = self.journal
         if j is not None:
             c = self.commit
-            if c.failed_until and trio.current_time() < c.failed_until:
+            if c.failed_until and trio.current_time() < c.failed_until or not c.reload_if_stale():
                 raise Unavailable("the AOF failed recently")
             rec = cls(j.take_seq(), self.now, *fields)
             c.stage(rec)

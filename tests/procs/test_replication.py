@@ -361,6 +361,51 @@ def test_min_replica_acks_without_replica_never_acknowledges(tmp_path: Path) -> 
         primary.stop()
 
 
+def test_min_replica_acks_released_by_a_replica_that_resyncs_from_a_snapshot(
+        tmp_path: Path, link: Link) -> None:
+    """Puts parked for want of a replica, all folded into the primary's snapshot: a new
+    replica installs that snapshot (FULLRESYNC, no record after it) and acknowledges it,
+    so the puts are answered INSERTED, long before the ack timeout."""
+    n = 5
+    primary = link.primary(tmp_path, "--min-replica-acks", "1", "--replica-ack-timeout", "60",
+                           "--segment-records", str(n), "--compact-interval", "0.2",
+                           "--compact-segments", "1", data_dir=tmp_path / "primary")
+    replica = None
+    try:
+        with socket.create_connection(("127.0.0.1", primary.port), timeout=30) as s:
+            s.sendall(b"".join(b"put 0 0 60 3\r\nj%02d\r\n" % i for i in range(n)))
+            # The turn's records fill a segment, which rotates and is folded: the
+            # snapshot holds every put, and the open segment no record.
+            snaps = tmp_path / "primary" / "snapshots"
+
+            def folded() -> bool:
+                last = stats(primary.port)["last-seq"]
+                return last >= n and [p.stem for p in snaps.glob("*.snap")] == [f"{last:020d}"]
+
+            wait_for(folded, what="the puts folded into a snapshot")
+            last = stats(primary.port)["last-seq"]
+            s.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                s.recv(4096)  # no replica yet: every reply is parked
+            started = time.monotonic()
+            replica = link.replica(tmp_path, primary)
+            s.settimeout(30)
+            reply = b""
+            while reply.count(b"\r\n") < n:
+                chunk = s.recv(4096)
+                assert chunk, "the primary closed the connection"
+                reply += chunk
+            took = time.monotonic() - started
+        assert reply == b"".join(b"INSERTED %d\r\n" % (i + 1) for i in range(n))
+        assert took < 20, f"the parked replies took {took:.1f}s"
+        assert "full resync" in replica.log()
+        assert stats(replica.port)["last-seq"] == last
+    finally:
+        primary.stop()
+        if replica is not None:
+            replica.stop()
+
+
 def test_old_primary_cannot_feed_the_promoted_one(tmp_path: Path, link: Link) -> None:
     primary = link.primary(tmp_path, data_dir=tmp_path / "primary")
     replica = link.replica(tmp_path, primary)
