@@ -1,5 +1,6 @@
-"""`smallstalk aof verify`: check a data directory as start-up reads it (checksums,
-sequence continuity, replay, agreement with the snapshot), without writing anything."""
+"""`smallstalk aof verify`: check a data directory as start-up reads it, with start-up's
+reader (`recovery.LogReader`: checksums, sequence continuity, the torn tail), then replay
+and agreement with the snapshot, without writing anything."""
 
 from __future__ import annotations
 
@@ -144,9 +145,7 @@ def _verify(od: history.OpenDir, rep: VerifyReport,
     unapplied: dict[Path, str] = {}
     for path, _data, offsets, recs in reader.batches():
         if path != current:
-            if current is not None:
-                done += reader.read[-2].size
-            current = path
+            done, current = sum(read.size for read in reader.read[:-1]), path
         if progress is not None:
             progress(done + offsets[-1], total)
         if first_seq is None:
