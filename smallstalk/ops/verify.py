@@ -1,5 +1,6 @@
-"""`smallstalk aof verify`: check a data directory as start-up reads it (checksums,
-sequence continuity, replay, agreement with the snapshot), without writing anything."""
+"""`smallstalk aof verify`: check a data directory as start-up reads it, with start-up's
+reader (`recovery.LogReader`: checksums, sequence continuity, the torn tail), then replay
+and agreement with the snapshot, without writing anything."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import attrs
 
 from smallstalk.core.state import BURIED, READY, State
 from smallstalk.ops.format import EXIT_ERROR, EXIT_OK, Out, fmt_size, parser, plural, run, table
-from smallstalk.storage import history, snapshot_codec
+from smallstalk.storage import history, recovery, snapshot_codec
 from smallstalk.storage.aof import CorruptionError
 from smallstalk.storage.history import load_snapshot
 
@@ -123,107 +124,91 @@ def _verify(od: history.OpenDir, rep: VerifyReport,
         if newest is not None and newest_ok:
             compare_at = newest.seq
     elif newest is not None and newest_ok:
-        if first > newest.seq + 1:
-            rep.problems.append(
-                f"records {newest.seq + 1}..{first - 1} are missing: the snapshot ends at seq "
-                f"{newest.seq} and the log starts at seq {first}")
-        else:
-            state = _try_load(newest, newest_file, rep, newest_row)
-            base = f"snapshot {newest.path.name}"
+        state = _try_load(newest, newest_file, rep, newest_row)
+        base = f"snapshot {newest.path.name}"
     elif newest is None:
-        rep.problems.append(f"records 1..{first - 1} are missing: the log starts at seq {first} "
-                            f"and there is no snapshot")
+        state = State()  # the log must start at seq 1: the reader names the gap
+        base = "the empty state"
+    # The log's structure is start-up's reader's verdict (recovery.LogReader), damage
+    # collected instead of raised; replay and the snapshot comparison come on top.
+    reader = recovery.LogReader([seg.path for seg in lay.segments],
+                                newest.seq if newest is not None else 0,
+                                keep_going=True, files=files)
     replaying = state is not None
     stopped = ""  # why replay stopped early
     applied = 0
     agreed = False
-    expected: int | None = None
     total = sum(seg.size for seg in lay.segments)
-    done = 0
-    last_seq: int | None = None
+    done = 0  # bytes in the segments before the one being read
+    current: Path | None = None
     first_seq: int | None = None
-    for i, (seg, f) in enumerate(zip(lay.segments, files, strict=True)):
-        is_last = i == len(lay.segments) - 1
-        reader = history.SegmentReader(seg.path, f, last=is_last)
-        status, detail = "ok", ""
-        try:
-            for n, (offset, rec) in enumerate(reader, 1):
-                if progress is not None and n & 0xFFF == 0:
-                    progress(done + offset, total)
-                if first_seq is None:
-                    first_seq = rec.seq
-                if expected is not None and rec.seq != expected:
-                    kind = "gap" if rec.seq > expected else "overlap"
-                    rep.problems.append(f"{seg.path}: sequence {kind} at offset {offset}: "
-                                        f"expected seq {expected}, found {rec.seq}")
-                    status = "DAMAGED"
-                    if replaying:
-                        replaying, stopped = False, f"the sequence {kind} after seq {expected - 1}"
-                expected = rec.seq + 1
-                last_seq = rec.seq
-                if not replaying:
-                    continue
-                if rec.seq <= state.last_seq:
-                    continue  # in the snapshot already
-                if rec.seq != state.last_seq + 1:
-                    rep.problems.append(f"{seg.path}: sequence gap at offset {offset}: expected "
-                                        f"seq {state.last_seq + 1}, found {rec.seq}")
-                    status = "DAMAGED"
-                    replaying, stopped = False, f"the sequence gap after seq {state.last_seq}"
-                    continue
+    unapplied: dict[Path, str] = {}
+    for path, _data, offsets, recs in reader.batches():
+        if path != current:
+            done, current = sum(read.size for read in reader.read[:-1]), path
+        if progress is not None:
+            progress(done + offsets[-1], total)
+        if first_seq is None:
+            first_seq = recs[0].seq
+        if replaying and reader.problems:
+            replaying, stopped = False, _stop_reason(reader.problems[0])
+        if not replaying:
+            continue
+        for offset, rec in zip(offsets, recs, strict=True):
+            if rec.seq <= state.last_seq:
+                continue  # in the snapshot already
+            try:
+                state.apply(rec)
+            except Exception as e:  # StateError, or a record with fields of the wrong type
+                rep.problems.append(f"{path}: record seq {rec.seq} at offset {offset} "
+                                    f"does not apply: {e}")
+                unapplied[path] = "DAMAGED"
+                replaying, stopped = False, f"seq {rec.seq}, which does not apply"
+                break
+            applied += 1
+            if compare_at is not None and rec.seq == compare_at:
+                items = history.iter_snapshot(newest.path, newest_file)
                 try:
-                    state.apply(rec)
-                except Exception as e:  # StateError, or a record with fields of the wrong type
-                    rep.problems.append(f"{seg.path}: record seq {rec.seq} at offset {offset} "
-                                        f"does not apply: {e}")
-                    status = "DAMAGED"
-                    replaying, stopped = False, f"seq {rec.seq}, which does not apply"
-                    continue
-                applied += 1
-                if compare_at is not None and rec.seq == compare_at:
-                    items = history.iter_snapshot(newest.path, newest_file)
-                    try:
-                        diff = _mismatch(items, snapshot_codec.dump(state))
-                    finally:
-                        items.close()
-                    compare_at = None
-                    if diff:
-                        rep.problems.append(f"{newest.path}: disagrees with the log at seq "
-                                            f"{newest.seq}: {diff}")
-                        if newest_row is not None:
-                            newest_row[2] = "DAMAGED"
-                            newest_row[3] += f"; disagrees with the log at seq {newest.seq}"
-                        # Go on from what start-up would serve.
-                        state = _try_load(newest, newest_file, rep, newest_row)
-                        base, applied = f"snapshot {newest.path.name}", 0
-                        if state is None:
-                            replaying, stopped = False, "the damaged snapshot"
-                    else:
-                        agreed = True
-        except CorruptionError as e:
+                    diff = _mismatch(items, snapshot_codec.dump(state))
+                finally:
+                    items.close()
+                compare_at = None
+                if diff:
+                    rep.problems.append(f"{newest.path}: disagrees with the log at seq "
+                                        f"{newest.seq}: {diff}")
+                    if newest_row is not None:
+                        newest_row[2] = "DAMAGED"
+                        newest_row[3] += f"; disagrees with the log at seq {newest.seq}"
+                    # Go on from what start-up would serve.
+                    state = _try_load(newest, newest_file, rep, newest_row)
+                    base, applied = f"snapshot {newest.path.name}", 0
+                    if state is None:
+                        replaying, stopped = False, "the damaged snapshot"
+                        break
+                else:
+                    agreed = True
+    if replaying and reader.problems:
+        replaying, stopped = False, _stop_reason(reader.problems[0])
+    for seg, read in zip(lay.segments, reader.read, strict=False):
+        status, detail = "ok", ""
+        for e in read.problems:
             rep.problems.append(str(e))
-            status, detail = "DAMAGED", f"{e.why} at offset {e.offset}"
-            expected = None
-            if replaying:
-                replaying, stopped = False, f"the damage in {seg.path.name}"
-        if status == "ok" and not reader.clean:
-            if is_last and reader.tail_is_torn():
-                rep.warnings.append(reader.torn_warning())
-                status = "ok"
-                detail = f"torn tail: {fmt_size(reader.size - reader.end)} after offset {reader.end}"
-            else:
-                rep.problems.append(str(reader.damage()))
-                status, detail = "DAMAGED", f"{reader.why} at offset {reader.end}"
-                expected = None
-                if replaying:
-                    replaying, stopped = False, f"the damage in {seg.path.name}"
-        if reader.header_seq is not None and reader.header_seq != seg.first:
+            status = "DAMAGED"
+            if not e.why.startswith("sequence "):
+                detail = f"{e.why} at offset {e.offset}"
+        status = unapplied.get(seg.path, status)
+        if read.torn is not None:
+            rep.warnings.append(history.torn_warning(read.path, read.size, read.end, read.torn,
+                                                     read.last_seq, read.header_seq))
+            if read.header_seq is not None:
+                detail = f"torn tail: {fmt_size(read.size - read.end)} after offset {read.end}"
+        if read.header_seq is not None and read.header_seq != seg.first:
             rep.warnings.append(f"{seg.path}: its name says seq {seg.first}, its header "
-                                f"{reader.header_seq}")
-        span = (f"seqs {reader.first_seq}..{reader.last_seq}, {plural(reader.records, 'record')}"
-                if reader.records else "no records")
+                                f"{read.header_seq}")
+        span = (f"seqs {read.first_seq}..{read.last_seq}, {plural(read.records, 'record')}"
+                if read.records else "no records")
         rep.rows.append(["segment", str(seg.path), status, "; ".join(filter(None, [span, detail]))])
-        done += seg.size
+    last_seq = reader.last_read
 
     if compare_at is not None and replaying and state.last_seq < compare_at:
         # The log ends before the snapshot: start-up serves the snapshot.
@@ -249,6 +234,12 @@ def _verify(od: history.OpenDir, rep: VerifyReport,
     else:
         rep.rows.append(["replay", "", "NOT RUN", "no state to start from (see above)"])
     return rep
+
+
+def _stop_reason(e: CorruptionError) -> str:
+    if e.why.startswith("sequence "):
+        return f"the {e.why.split(':')[0]} after seq {e.seq}"
+    return f"the damage in {e.path.name}"
 
 
 def _try_load(snap: history.SnapshotFile, file: IO[bytes] | None, rep: VerifyReport,

@@ -367,8 +367,9 @@ def iter_segment(path: Path, data: bytes | None = None, put_lists: bool = False,
 def segment_batches(path: Path, data: bytes | None = None, put_lists: bool = False,
                     ) -> Iterator[tuple[list[int], list, FrameScan | None]]:
     """`iter_segment` a batch at a time: (offsets, records, FrameScan or None);
-    the FrameScan comes with the last batch. Damage raises after the good
-    records before it, as `iter_segment` would.
+    the FrameScan comes with the last batch. Damage (a record that does not
+    decode, or seqs that do not run on by one) raises after the good records
+    before it, as `iter_segment` would.
 
     A replay steps through a list instead of a generator per record, and
     cbor2 decodes a batch in one `map`: ~0.1 us a record.
@@ -404,9 +405,15 @@ def segment_batches(path: Path, data: bytes | None = None, put_lists: bool = Fal
             except records.DecodeError as e:
                 err = CorruptionError(path, offset, last, str(e))
                 break
-            if last == first - 1 and seq != first:
-                err = CorruptionError(
-                    path, offset, None, f"header says first seq {first}, first record has {seq}")
+            if seq != last + 1:
+                # The sequence rule inside a file; across files it is recovery.LogSeq's.
+                if last == first - 1:
+                    err = CorruptionError(path, offset, None,
+                                          f"header says first seq {first}, first record has {seq}")
+                else:
+                    kind = "gap" if seq > last else "overlap"
+                    err = CorruptionError(path, offset, last,
+                                          f"sequence {kind}: expected {last + 1}, found {seq}")
                 break
             last = seq
             recs.append(rec)

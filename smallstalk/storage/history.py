@@ -242,12 +242,20 @@ class SegmentReader:
         return CorruptionError(self.path, self.end, self.last_seq, self.why or "damage")
 
     def torn_warning(self) -> str:
-        if self.short_header:
-            return f"{self.path}: last segment has no complete header yet ({self.size} bytes)"
-        after = f"seq {self.last_seq}" if self.last_seq is not None else "its header"
-        return (f"{self.path}: the last segment ends in {self.size - self.end} bytes that are not "
-                f"a complete record ({self.why}) at offset {self.end}, after {after}: a write in "
-                f"progress if a server is running, else a torn write that start-up cuts off")
+        return torn_warning(self.path, self.size, self.end, self.why or "", self.last_seq,
+                            None if self.short_header else self.header_seq)
+
+
+def torn_warning(path: Path, size: int, end: int, why: str, last_seq: int | None,
+                 header_seq: int | None) -> str:
+    """The tools' warning for a last segment that ends in a torn (or in-progress) write;
+    `header_seq` None: the file is shorter than its header."""
+    if header_seq is None:
+        return f"{path}: last segment has no complete header yet ({size} bytes)"
+    after = f"seq {last_seq}" if last_seq is not None else "its header"
+    return (f"{path}: the last segment ends in {size - end} bytes that are not "
+            f"a complete record ({why}) at offset {end}, after {after}: a write in "
+            f"progress if a server is running, else a torn write that start-up cuts off")
 
 
 @attrs.define

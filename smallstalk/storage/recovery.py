@@ -6,6 +6,7 @@ Rules (snapshots/README.md, "Recovery"):
   between writing a snapshot and deleting the segments it covers is harmless);
 - sequence numbers follow on by one across all segments (`LogSeq`): a gap or
   an overlap (two processes that wrote one directory) is damage, never skipped;
+  `LogReader` is the one reader of these rules, for start-up and `aof verify`;
 - a frame that does not check out at the end of the *last* segment, with no
   valid frame after it, is a torn write: the tail is copied aside to
   `<segment>.broken`, cut off, and start-up goes on with a warning;
@@ -24,7 +25,9 @@ import gc
 import logging
 import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import attrs
 
@@ -75,32 +78,54 @@ def _recover(data_dir: Path, repair: bool, until_seq: int | None,
         snap_path = None
         state = State()
     state.on_body_dropped = bodies.drop if bodies is not None else None
-    spill = bodies is not None and bodies.active
+    spill = bodies if bodies is not None and bodies.active else None
     keys: dict = {}
     result = Recovered(state, [], snap_path)
-    log_seq = LogSeq(state.last_seq)
-    segments = datadir.list_segments(aof_dir)
-    for i, (_first, path) in enumerate(segments):
-        last_segment = i == len(segments) - 1
-        data = path.read_bytes()
-        if len(data) < aof.HEADER_SIZE and last_segment:
-            # Created, but its header never fully reached the disk: no records.
-            result.warnings.append(f"{path}: last segment has no complete header; removed")
-            if repair:
-                path.unlink()
-            continue
-        try:
-            replayed, stopped = _replay(state, path, data, last_segment, repair, until_seq,
-                                        result, bodies if spill else None, keys, log_seq)
-        except CorruptionError as e:
-            if e.seq is None:  # damage before the file's first record: name the last good seq
-                raise CorruptionError(e.path, e.offset, state.last_seq, e.why) from None
-            raise
-        result.records_replayed += replayed
-        if stopped:
-            return result
-        if replayed:
+    floor = state.last_seq
+    log_reader = LogReader([path for _first, path in datadir.list_segments(aof_dir)], floor,
+                           put_lists=True, until_seq=until_seq)
+    apply_put = state.apply_put
+    replayed = 0
+    for path, data, offsets, recs in log_reader.batches():
+        before = replayed
+        for offset, rec in zip(offsets, recs, strict=True):
+            # LogReader has checked the seqs; here: skip the snapshot's, apply the rest.
+            if type(rec) is list:
+                # A format-1 Put, the bulk of a log (see records.is_put_list):
+                # apply_next's rules, applied from the fields.
+                _, seq, time, conn, jid, tube, pri, delay, ttr, body = rec
+                if until_seq is not None and seq > until_seq:
+                    result.records_replayed = replayed
+                    return result
+                if seq <= floor:
+                    continue  # already in the snapshot
+                try:
+                    apply_put(seq, time, conn, jid, tube, pri, delay, ttr, body)
+                except StateError as e:
+                    raise CorruptionError(path, offset, state.last_seq,
+                                          f"record does not apply: {e}") from None
+                if spill is not None:
+                    rec = records.from_list(rec)
+                    spill_record(spill, state, rec, path, body_offset(data, offset, rec), keys)
+                replayed += 1
+                continue
+            seq = rec.seq
+            if until_seq is not None and seq > until_seq:
+                result.records_replayed = replayed
+                return result
+            if seq <= floor:
+                continue  # already in the snapshot
+            apply_next(state, path, offset, rec)
+            if spill is not None and type(rec) in PUTS:
+                spill_record(spill, state, rec, path, body_offset(data, offset, rec), keys)
+            replayed += 1
+        if replayed > before and (not result.segments or result.segments[-1] != path):
             result.segments.append(path)
+    result.records_replayed = replayed
+    if not log_reader.stopped:
+        for seg in log_reader.read:
+            if seg.torn is not None:
+                _cut_torn_tail(seg, repair, result)
     return result
 
 
@@ -137,61 +162,125 @@ class LogSeq:
             raise CorruptionError(path, offset, last_good, why)
 
 
-def _replay(state: State, path: Path, data: bytes, last_segment: bool, repair: bool,
-            until_seq: int | None, result: Recovered, spill: BodyStore | None,
-            keys: dict, log_seq: LogSeq) -> tuple[int, bool]:
-    """Apply the records of one segment that follow the state: how many, and
-    whether it stopped at `until_seq`."""
-    apply_put = state.apply_put
-    replayed = 0
-    floor = log_seq.floor
-    nxt = log_seq.expected  # LogSeq's rule, inlined for the bulk of a log
-    for offsets, recs, scan in aof.segment_batches(path, data, put_lists=True):
-        for offset, rec in zip(offsets, recs, strict=True):
-            if type(rec) is list:
-                # A format-1 Put, the bulk of a log (see records.is_put_list):
-                # apply_next's rules, applied from the fields.
-                _, seq, time, conn, jid, tube, pri, delay, ttr, body = rec
-                if until_seq is not None and seq > until_seq:
-                    log_seq.expected = nxt
-                    return replayed, True
-                if seq != nxt:
-                    log_seq.expected = nxt
-                    log_seq.check(path, offset, seq, state.last_seq)
-                nxt = seq + 1
-                if seq <= floor:
-                    continue  # already in the snapshot
-                try:
-                    apply_put(seq, time, conn, jid, tube, pri, delay, ttr, body)
-                except StateError as e:
-                    raise CorruptionError(path, offset, state.last_seq,
-                                          f"record does not apply: {e}") from None
-                if spill is not None:
-                    rec = records.from_list(rec)
-                    spill_record(spill, state, rec, path, body_offset(data, offset, rec), keys)
-                replayed += 1
-                continue
-            seq = rec.seq
-            if until_seq is not None and seq > until_seq:
-                log_seq.expected = nxt
-                return replayed, True
-            if seq != nxt:
-                log_seq.expected = nxt
-                log_seq.check(path, offset, seq, state.last_seq)
-            nxt = seq + 1
-            if seq <= floor:
-                continue  # already in the snapshot
-            apply_next(state, path, offset, rec)
-            if spill is not None and type(rec) in PUTS:
-                spill_record(spill, state, rec, path, body_offset(data, offset, rec), keys)
-            replayed += 1
-        if scan is not None:
-            log_seq.expected = nxt
-            if not scan.clean:
-                _torn_or_corrupt(path, data, scan, state.last_seq, last_segment, repair, result)
-            return replayed, False
-    log_seq.expected = nxt
-    return replayed, False
+@attrs.define
+class SegmentRead:
+    """How `LogReader` found one segment (start-up's repair, verify's report)."""
+
+    path: Path
+    size: int
+    header_seq: int | None = None  # the seq its header says (unchecked if damaged)
+    first_seq: int | None = None
+    last_seq: int | None = None
+    records: int = 0
+    end: int = 0  # offset after the last good frame
+    torn: str | None = None  # the last segment ends in a torn write: why its tail is bad
+    tail: bytes = b""  # the torn tail's bytes
+    problems: list[CorruptionError] = attrs.Factory(list)
+
+
+class LogReader:
+    """The one reader of the log's structure, for start-up and `aof verify`.
+
+    `batches()` walks the segments in order and yields their records a batch
+    at a time, (path, file bytes, offsets, records), enforcing the log's
+    rules: every frame checks out and decodes, and seqs run on by one within
+    a file (`aof.segment_batches`) and across files (`LogSeq`, from `floor`,
+    the snapshot's seq). Damage raises CorruptionError naming the file, the
+    offset and the last good seq (the higher of `floor` and the last seq
+    read: a replay is good up to there). The one exception is a torn tail: a
+    frame that does not check out at the end of the last segment with no run
+    of records continuing the log after it, or a last segment shorter than
+    its header. It ends the read and is described in `read` (`torn`) for the
+    caller to cut off or report.
+
+    `keep_going` (verify): collect damage in `problems` instead of raising and
+    read on: after a sequence break at a file's start, with that file; after
+    other damage, with the next file, taking its seqs as they come.
+    `until_seq`: stop before a file that starts past it (a replay up to there
+    needs nothing after it, damaged or not); `stopped` then says so.
+    `files`: open files to read instead of the paths (a live server's
+    compactor may unlink what was listed).
+    """
+
+    def __init__(self, segments: list[Path], floor: int, *, put_lists: bool = False,
+                 keep_going: bool = False, until_seq: int | None = None,
+                 files: list[BinaryIO | None] | None = None):
+        self.segments = segments
+        self.files = files
+        self.floor = floor
+        self.put_lists = put_lists
+        self.keep_going = keep_going
+        self.until_seq = until_seq
+        self.read: list[SegmentRead] = []
+        self.problems: list[CorruptionError] = []
+        self.stopped = False
+        self.last_read: int | None = None  # the seq of the last record read
+
+    def last_good(self, seq: int | None = None) -> int:
+        seq = self.last_read if seq is None else seq
+        return self.floor if seq is None else max(self.floor, seq)
+
+    def batches(self) -> Iterator[tuple[Path, bytes, list[int], list]]:
+        log_seq = LogSeq(self.floor)
+        resync = False  # after damage (keep_going): take the next file's seqs as they come
+        n = len(self.segments)
+        for i, path in enumerate(self.segments):
+            f = self.files[i] if self.files is not None else None
+            if f is None:
+                data = path.read_bytes()
+            else:
+                f.seek(0)
+                data = f.read()
+            seg = SegmentRead(path, len(data))
+            self.read.append(seg)
+            if len(data) >= aof.HEADER_SIZE:
+                seg.header_seq = aof.HEADER.unpack_from(data)[2]
+            elif i == n - 1:
+                # Created, but its header never fully reached the disk: no records.
+                seg.torn = "file shorter than its header"
+                return
+            try:
+                for offsets, recs, scan in aof.segment_batches(path, data, self.put_lists):
+                    if recs:
+                        head, tail = recs[0], recs[-1]
+                        if not seg.records:
+                            first = head[1] if type(head) is list else head.seq
+                            if self.until_seq is not None and first > self.until_seq:
+                                self.stopped = True
+                                return
+                            if resync:
+                                log_seq.expected, resync = first, False
+                            why = log_seq.problem(first)
+                            if why is not None:
+                                self._damage(seg, CorruptionError(path, offsets[0], None, why))
+                            seg.first_seq = first
+                        last = tail[1] if type(tail) is list else tail.seq
+                        log_seq.expected = last + 1
+                        seg.last_seq = self.last_read = last
+                        seg.records += len(recs)
+                        yield path, data, offsets, recs
+                    if scan is not None:
+                        seg.end = scan.end
+                        if not scan.clean:
+                            self._bad_frame(seg, data, scan, i == n - 1)
+            except CorruptionError as e:
+                self._damage(seg, e)
+                resync = True
+
+    def _damage(self, seg: SegmentRead, e: CorruptionError) -> None:
+        e = CorruptionError(e.path, e.offset, self.last_good(e.seq), e.why)
+        if not self.keep_going:
+            raise e
+        seg.problems.append(e)
+        self.problems.append(e)
+
+    def _bad_frame(self, seg: SegmentRead, data: bytes, scan: aof.FrameScan,
+                   last_segment: bool) -> None:
+        after = self.last_read if self.last_read is not None else (seg.header_seq or 1) - 1
+        if last_segment and aof.later_good_frame(data, scan.end, after) is None:
+            seg.torn, seg.tail = scan.why, data[scan.end:]
+            return
+        raise CorruptionError(seg.path, scan.end, self.last_read, scan.why)
 
 
 def refusal(e: CorruptionError, data_dir: Path) -> str:
@@ -232,17 +321,19 @@ def apply_next(state: State, path: Path, offset: int, rec) -> bool:
     return True
 
 
-def _torn_or_corrupt(path, data, scan, last_seq, last_segment, repair, result) -> None:
-    if not last_segment or aof.later_good_frame(data, scan.end, last_seq) is not None:
-        raise CorruptionError(path, scan.end, last_seq, scan.why)
-    msg = (f"{path}: torn write at offset {scan.end} after seq {last_seq} "
-           f"({scan.size - scan.end} bytes, {scan.why}); truncated")
+def _cut_torn_tail(seg: SegmentRead, repair: bool, result: Recovered) -> None:
+    if seg.header_seq is None:
+        result.warnings.append(f"{seg.path}: last segment has no complete header; removed")
+        if repair:
+            seg.path.unlink()
+        return
+    msg = (f"{seg.path}: torn write at offset {seg.end} after seq {result.state.last_seq} "
+           f"({seg.size - seg.end} bytes, {seg.torn}); truncated")
     result.warnings.append(msg)
     log.warning("%s", msg)
     if repair:
-        broken = datadir.broken_path(path)
-        broken.write_bytes(data[scan.end:])
-        with open(path, "r+b") as f:
-            f.truncate(scan.end)
+        datadir.broken_path(seg.path).write_bytes(seg.tail)
+        with open(seg.path, "r+b") as f:
+            f.truncate(seg.end)
             f.flush()
             os.fsync(f.fileno())

@@ -434,7 +434,7 @@ def test_aof_verify_names_a_sequence_gap(log_dir: Path, tmp_path: Path) -> None:
   log                                    DAMAGED  seqs 1..30, 1 gap
   replay                                 STOPPED  at seq 16, at the sequence gap after seq 16
 verdict: DAMAGED (1 problem)
-  aof/00000000000000000025.aof: sequence gap at offset 24: expected seq 17, found 25
+  aof/00000000000000000025.aof: sequence gap: expected 17, found 25 at offset 24 (after seq 16)
 """)
 
 
