@@ -16,9 +16,8 @@ loop's `deliver` callback:
   at once is queued, and a flusher task (asleep otherwise) sends it.
 
 So a command costs a read, a parse and a share of one poller wake-up and one
-loop turn: no task switch of its own (a reader task per connection cost a
-task switch and an `epoll_ctl` per command, ~25% of a request/response
-command's CPU).
+loop turn: no task switch of its own (docs/ARCHITECTURE.md, "The life of a
+command", says what a reader task per connection cost).
 
 Backpressure: reading stops while more than MAX_QUEUED_BYTES of
 its commands wait in the loop (a reserve that waits holds up the commands

@@ -54,9 +54,7 @@ log = logging.getLogger("smallstalk.storage.journal")
 # loop's own thread (by `commit`, and by the loop's two-step commit): a thread
 # hand-off costs more than a small batch could overlap. Bigger batches go to
 # a thread, so the next batch is parsed and applied while the disk works.
-# Measured on 2 cores (A/B, same minutes): 4 lost at 10 producers (more,
-# smaller fsyncs: ~60 us of kernel CPU each), 64 beat 16 at 50 producers
-# (puts +10%, full cycle +14%) and tied at 10 and 200.
+# Why 64 and not 4 or 16: docs/PERFORMANCE.md (group commit).
 INLINE_SYNC_RECORDS = 64
 
 

@@ -57,7 +57,7 @@ def recover(data_dir: Path, repair: bool = True, until_seq: int | None = None,
     (`state.on_body_dropped`).
     """
     # Loading allocates millions of objects and no garbage cycles: the cyclic
-    # collector would run over and over for nothing (23% of a 1M-job restart).
+    # collector would run over and over for nothing (docs/PERFORMANCE.md, Restart).
     enabled = gc.isenabled()
     gc.disable()
     try:

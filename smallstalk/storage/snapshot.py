@@ -239,7 +239,7 @@ def iter_items(path: Path, bodies=None, jobs_items: bool = False,
     carries a reference to the body's bytes in this file instead.
     """
     # Handed on a read's worth at a time and flattened in C: a generator step
-    # per item was ~5% of a big snapshot's load.
+    # per item costs a big snapshot's load measurably.
     return chain.from_iterable(_item_batches(path, bodies, jobs_items, file))
 
 
