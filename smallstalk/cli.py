@@ -201,7 +201,8 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
                      f", replica of {cfg.replica_of[0]}:{cfg.replica_of[1]}"
                      if cfg.replica_of else "")
             nursery.start_soon(lp.run)
-            nursery.start_soon(serve_listeners, lp, listeners, cfg.max_job_size)
+            nursery.start_soon(serve_listeners, lp, listeners, cfg.max_job_size,
+                               cfg.max_connections)
             if follower is not None:
                 nursery.start_soon(follower.run)
             if journal is not None and cfg.compact:

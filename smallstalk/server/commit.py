@@ -30,7 +30,7 @@ import trio
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import READY
-from smallstalk.server.session import Session, deliver
+from smallstalk.server.session import Session, deliver, recount
 from smallstalk.storage.bodies import PUTS
 from smallstalk.storage.journal import INLINE_SYNC_RECORDS, Journal, JournalError
 
@@ -369,7 +369,9 @@ class GroupCommit:
             log.warning("no replica acknowledged seq %d in %.1fs: answering %s",
                         parked.seq, self.replica_ack_timeout, p.NOT_REPLICATED.strip().decode())
             for s, out, mut, done, closing in parked.deliveries:
-                out = [p.NOT_REPLICATED if m else reply for reply, m in zip(out, mut, strict=True)]
+                was, out = out, [p.NOT_REPLICATED if m else reply
+                                 for reply, m in zip(out, mut, strict=True)]
+                recount(s, was, out)
                 deliver((s, out, mut, done, closing))
 
     # --- disk errors --------------------------------------------------------------------
@@ -381,7 +383,9 @@ class GroupCommit:
         self.failed_until = trio.current_time() + RETRY_AFTER_FAILURE
         self.turn_payloads = []
         for s in self.lp.touched.values():
-            s.out[:] = [p.INTERNAL_ERROR] * len(s.out)
+            errors = [p.INTERNAL_ERROR] * len(s.out)
+            recount(s, s.out, errors)
+            s.out[:] = errors
             s.out_mut[:] = [False] * len(s.out)
         self._reload_state()
 
@@ -396,7 +400,9 @@ class GroupCommit:
                 box[:] = [e]
                 done.set()
             for _need, (s, out, _mut, done, closing) in turn.deliveries:
-                deliver((s, [p.INTERNAL_ERROR] * len(out), [False] * len(out), done, closing))
+                errors = [p.INTERNAL_ERROR] * len(out)
+                recount(s, out, errors)
+                deliver((s, errors, [False] * len(out), done, closing))
         self._reload_state()
 
     def _reload_state(self) -> None:
