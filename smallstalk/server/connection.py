@@ -84,7 +84,7 @@ class _Connection:
     __slots__ = (
         "lp", "sock", "stream", "fd", "poller", "parser", "read_bytes", "submitted_bytes",
         "unsent", "done", "closing", "broken", "closed", "eof", "feed", "paused", "sending",
-        "changed", "room", "slow_logged", "session",
+        "waiter", "woken", "room", "slow_logged", "session",
     )
 
     def __init__(self, lp: MutationLoop, sock, stream: trio.abc.Stream | None,
@@ -109,7 +109,10 @@ class _Connection:
         self.feed = None
         self.paused = False  # out of the poller's set, or the reader waits: backlog too big
         self.sending = False  # in send_all: later replies queue behind it
-        self.changed = trio.Event()  # something the connection's (sending) task cares about
+        # The sending task, asleep until `_wake` (something it cares about
+        # changed): a trio.Event and its frames would cost every idle connection.
+        self.waiter = None
+        self.woken = False
         self.room = None  # the streamed path's reader waits on it for the backlog to shrink
         self.slow_logged = False
         self.session = lp.open_session(self.deliver)
@@ -121,7 +124,7 @@ class _Connection:
             return  # replies held for an fsync or a replica outlived the connection
         if not isinstance(blob, bytes):
             self.feed = blob
-            self.changed.set()
+            self._wake()
             return
         self.done = done
         if blob and not self.broken:
@@ -134,7 +137,7 @@ class _Connection:
         # Wake the sender or a throttled reader only when they have work:
         # a wake-up per reply would cost as much as the reply itself.
         if self.unsent or close or (done and self.eof):
-            self.changed.set()
+            self._wake()
         if self.paused:
             self._maybe_room()
 
@@ -143,7 +146,7 @@ class _Connection:
             if self.room is not None:
                 self.room.set()
             else:
-                self.changed.set()
+                self._wake()
 
     def _write_now(self, blob: bytes) -> None:
         try:
@@ -189,7 +192,7 @@ class _Connection:
             self.paused = True
             if not self.eof and self.session.owed > MAX_QUEUED_BYTES and not self.slow_logged:
                 self._log_slow()
-            self.changed.set()
+            self._wake()
 
     def _over_limit(self) -> bool:
         s = self.session
@@ -199,7 +202,7 @@ class _Connection:
         if not data:
             self.eof = True
             self.lp.end_of_input(self.session)
-            self.changed.set()
+            self._wake()
             return
         parser = self.parser
         parser.feed(data)
@@ -214,9 +217,17 @@ class _Connection:
 
     # --- the tasks -------------------------------------------------------------------
 
-    async def _wait_changed(self) -> None:
-        await self.changed.wait()
-        self.changed = trio.Event()
+    def _wake(self) -> None:
+        task = self.waiter
+        if task is not None:
+            self.waiter = None
+            trio.lowlevel.reschedule(task)
+        else:
+            self.woken = True
+
+    def _abort(self, _raise_cancel) -> trio.lowlevel.Abort:
+        self.waiter = None
+        return trio.lowlevel.Abort.SUCCEEDED
 
     async def _flush(self) -> None:
         """Send what the socket did not take at once (the session owes it until then)."""
@@ -233,9 +244,10 @@ class _Connection:
         if self.paused:
             self._maybe_room()
 
-    async def _polled(self) -> None:
+    async def serve_polled(self, gate: Gate | None = None) -> None:
         """The polled path's one task: send what queued, put the connection
-        back in the poller's set once a throttled backlog has shrunk, end it."""
+        back in the poller's set once a throttled backlog has shrunk, end it
+        (one frame while it sleeps: an idle connection's whole task)."""
         poller = self.poller
         try:
             poller.add(self.fd, self)
@@ -251,9 +263,20 @@ class _Connection:
                 if self.paused and not self.eof and not self._over_limit():
                     self.paused = False
                     poller.add(self.fd, self)
-                await self._wait_changed()
+                if self.woken:
+                    self.woken = False
+                    continue
+                self.waiter = trio.lowlevel.current_task()
+                await trio.lowlevel.wait_task_rescheduled(self._abort)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # the peer went away; closing below releases what it held
         finally:
             poller.remove(self.fd)  # before the socket closes: its fd may be reused
+            self.closed = True
+            self.lp.close_session(self.session)
+            self.sock.close()
+            if gate is not None:
+                gate.open -= 1
 
     async def _run_feed(self) -> None:
         # A replication feed (replication/feed.py) streams itself.
@@ -289,7 +312,11 @@ class _Connection:
                 continue
             if self.closing or self.broken or (self.eof and self.done):
                 break
-            await self._wait_changed()
+            if self.woken:
+                self.woken = False
+                continue
+            self.waiter = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(self._abort)
         cancel.cancel()
 
 
@@ -305,7 +332,7 @@ async def serve_connection(lp: MutationLoop, stream: trio.abc.Stream, max_job_si
     with a poller is read by the poller, as `serve_socket` does)."""
     sock = getattr(stream, "socket", None)
     if poller is not None and sock is not None:
-        await serve_socket(lp, sock, max_job_size, poller)
+        await _Connection(lp, sock, None, max_job_size, poller).serve_polled()
         return
     conn = _Connection(lp, None, stream, max_job_size, None)
     try:
@@ -322,19 +349,6 @@ async def serve_connection(lp: MutationLoop, stream: trio.abc.Stream, max_job_si
                 await stream.aclose()
             except (trio.BrokenResourceError, OSError):
                 pass
-
-
-async def serve_socket(lp: MutationLoop, sock, max_job_size: int, poller: Poller) -> None:
-    """Serve one accepted trio socket through the poller (one task)."""
-    conn = _Connection(lp, sock, None, max_job_size, poller)
-    try:
-        await conn._polled()
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass  # the peer went away; closing below releases what it held
-    finally:
-        conn.closed = True
-        lp.close_session(conn.session)
-        sock.close()
 
 
 async def open_listeners(addr: str, port: int) -> list[trio.SocketListener]:
@@ -403,16 +417,16 @@ async def _accept(lp: MutationLoop, lsock, max_job_size: int, poller: Poller | N
             except OSError:
                 pass
         gate.open += 1
-        nursery.start_soon(_serve_counted, lp, sock, max_job_size, poller, gate)
-
-
-async def _serve_counted(lp: MutationLoop, sock, max_job_size: int, poller: Poller | None,
-                         gate: Gate) -> None:
-    try:
         if poller is not None:
-            await serve_socket(lp, sock, max_job_size, poller)
+            nursery.start_soon(_Connection(lp, sock, None, max_job_size, poller).serve_polled,
+                               gate)
         else:
-            await serve_connection(lp, trio.SocketStream(sock), max_job_size, None)
+            nursery.start_soon(_serve_streamed, lp, sock, max_job_size, gate)
+
+
+async def _serve_streamed(lp: MutationLoop, sock, max_job_size: int, gate: Gate) -> None:
+    try:
+        await serve_connection(lp, trio.SocketStream(sock), max_job_size, None)
     finally:
         gate.open -= 1
 

@@ -96,6 +96,7 @@ class MutationLoop:
         # Sessions that used up their slice of a turn with commands left: they
         # go on next turn, which starts without waiting for input.
         self.runnable: dict[int, Session] = {}
+        self._resume_cb = self._resume  # one bound method for every session
         # Replication: feeds to replicas (primary), or what we follow (replica).
         self.role = "primary"
         self.feeds: dict[int, object] = {}  # session id -> replication.Feed
@@ -112,7 +113,7 @@ class MutationLoop:
     def open_session(self, deliver: Callable) -> Session:
         sid = self._next_conn
         self._next_conn += 1
-        s = Session(sid, deliver, self._resume)
+        s = Session(sid, deliver, self._resume_cb)
         self._send.send_nowait(("open", s))
         return s
 
@@ -308,6 +309,7 @@ class MutationLoop:
                 except trio.WouldBlock:
                     break
             await self.turn(batch)
+            item = batch = None  # what the last turn saw must not live while the loop waits
 
     async def turn(self, batch: list) -> None:
         self.now = self.clock()

@@ -13,7 +13,7 @@ OUT_BOUND = 1 << 20
 # Fairness: what one session may do in one loop turn before the others get
 # theirs (the rest of its commands run in the next turns).
 SLICE_COMMANDS = 128
-SLICE_BYTES = 32 << 10  # of replies
+SLICE_BYTES = 256 << 10  # of replies
 
 
 class Session:
