@@ -12,8 +12,8 @@ from collections.abc import Callable
 OUT_BOUND = 1 << 20
 # Fairness: what one session may do in one loop turn before the others get
 # theirs (the rest of its commands run in the next turns).
-SLICE_COMMANDS = 128
-SLICE_BYTES = 256 << 10  # of replies
+SLICE_COMMANDS = 64
+SLICE_BYTES = 16 << 10  # of replies: a `stats` costs as much as ~20 puts
 
 
 class Session:
