@@ -105,6 +105,8 @@ def test_unread_peek_floods_stay_bounded_and_others_are_served(server) -> None:
                  "all four flooders to be throttled")
         waits = [round_trip(other, b"stats-job %d\r\n" % job) for _ in range(50)]
         grown = status(server.pid)["VmHWM"] - base
+        print(f"4 unread peek floods: RSS +{grown / MiB:.1f} MiB, other client max "
+              f"{max(waits) * 1000:.1f} ms")
         assert grown <= 64 * MiB, f"RSS grew {grown / MiB:.1f} MiB"
         assert max(waits) < 1.0, waits  # beanstalkd-like: others are served meanwhile
         for s in flooders:
@@ -126,6 +128,7 @@ def test_unread_stats_flood_stays_bounded(server) -> None:
         sent = flood([flooder], data)
         assert round_trip(other, b"stats\r\n") < 1.0
         grown = status(server.pid)["VmHWM"] - base
+        print(f"unread stats flood: RSS +{grown / MiB:.1f} MiB")
         assert grown <= 32 * MiB, f"RSS grew {grown / MiB:.1f} MiB"
         # Held, not lost: once the client reads, its commands run on.
         flooder.setblocking(True)
@@ -158,6 +161,7 @@ def test_idle_connections_are_cheap_and_leave_nothing(server) -> None:
         settle(server, 0)
         after.append(status(server.pid)["VmRSS"] - base)
     per = peaks[0] / n
+    print(f"idle connections: {per:.0f} bytes each")
     assert per <= 4096, f"{per:.0f} bytes per idle connection"
     # Nothing leaks: the allocator keeps what it freed (RSS does not go back
     # down), and later rounds reuse it instead of growing each time.
