@@ -69,3 +69,41 @@ async def test_a_throttled_connection_that_hangs_up_is_cleaned_up(nursery) -> No
     stats = await other.receive_some(4096)
     assert b"state: ready\n" in stats and b"reserves: 1\n" in stats
     await other.aclose()
+
+
+async def test_replies_a_client_does_not_read_hold_its_commands_in_order(nursery) -> None:
+    """Past OUT_BOUND unsent, a session's commands wait (its reserve too: a
+    job goes to another client meanwhile); once the client reads, they run on
+    in order and every reply arrives."""
+    from smallstalk.server.session import OUT_BOUND
+
+    lp, port = await serve_on_loopback(nursery)
+    other = await trio.open_tcp_stream("127.0.0.1", port)
+    body = b"z" * 60_000
+    await other.send_all(p.render(p.Put(0, 0, 60, body)))
+    assert await other.receive_some(100) == b"INSERTED 1\r\n"
+    peeks = 2_000  # 120 MB of replies: far past every socket buffer
+    slow = await trio.open_tcp_stream("127.0.0.1", port)
+    await slow.send_all(b"peek 1\r\n" * peeks + b"reserve-with-timeout 0\r\n")
+    with trio.fail_after(10):
+        while not any(s.held for s in lp.sessions.values()):
+            await trio.sleep(0.01)
+    held = next(s for s in lp.sessions.values() if s.held)
+    assert held.owed <= OUT_BOUND + len(p.found(1, body))
+    assert held.pending  # commands wait, nothing was dropped
+    # The slow client's reserve has not run: another client gets the job.
+    await other.send_all(b"reserve-with-timeout 0\r\n")
+    got = b""
+    while not got.endswith(body + b"\r\n"):
+        got += await other.receive_some(1 << 16)
+    assert got.startswith(b"RESERVED 1 60000\r\n")
+    # Reading lets everything run, in order.
+    want = p.found(1, body) * peeks + b"TIMED_OUT\r\n"
+    got = bytearray()
+    with trio.fail_after(30):
+        while len(got) < len(want):
+            got += await slow.receive_some(1 << 20)
+    assert bytes(got) == want
+    assert not held.held and held.owed == 0
+    await slow.aclose()
+    await other.aclose()
