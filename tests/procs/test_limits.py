@@ -17,12 +17,13 @@ import os
 import resource
 import socket
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from ..support.bsclient import Client, connect
-from ..support.procs import Server, start_smallstalk, wait_for
+from ..support.procs import Server, free_port, listening, start_smallstalk, wait_for
 
 MiB = 1 << 20
 FLOOD_SECONDS = 4.0  # how long a flood may take to fill every buffer
@@ -170,7 +171,8 @@ def test_idle_connections_are_cheap_and_leave_nothing(server) -> None:
 
 
 def test_past_max_connections_a_client_is_told_and_closed(tmp_path) -> None:
-    server = start_smallstalk(tmp_path, "--max-connections", "3")
+    http = free_port()
+    server = start_smallstalk(tmp_path, "--max-connections", "3", "--http", f"127.0.0.1:{http}")
     try:
         kept = [connect(server.port) for _ in range(3)]
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as extra:
@@ -185,6 +187,11 @@ def test_past_max_connections_a_client_is_told_and_closed(tmp_path) -> None:
             assert again.stats()["connections-refused"] == "1"
         for c in kept[1:]:
             c.close()
+        wait_for(lambda: listening(http), 20, "the console")
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=20) as resp:
+            metrics = resp.read().decode()
+        assert "\nsmallstalk_connections_refused 1.0\n" in metrics
+        assert "\nsmallstalk_current_connections_throttled 0.0\n" in metrics
     finally:
         server.stop()
 
