@@ -272,9 +272,11 @@ class GroupCommit:
 
     def _sync_written(self) -> None:
         """fsync what is written: here if it is little (the thread hand-off
-        would cost more than the loop could do meanwhile), else in the thread."""
+        would cost more than the loop could do meanwhile), else in the thread,
+        also when a session's slice left commands for the next turn: a flood
+        goes on while the disk syncs."""
         j = self.journal
-        if j.written_seq - j.committed_seq <= INLINE_SYNC_RECORDS:
+        if j.written_seq - j.committed_seq <= INLINE_SYNC_RECORDS and not self.lp.runnable:
             j.sync()
         else:
             j.sync_in_background()

@@ -63,6 +63,10 @@ log = logging.getLogger("smallstalk.server.connection")
 RECV_SIZE = 65536
 MAX_QUEUED_BYTES = 1 << 20
 COMMAND_COST = 64  # what a parsed command counts for in backpressure, beyond its bytes
+# Commands read ahead of the loop: a flood is not parsed faster than the loop
+# runs it, so a poller wake-up parses at most one read of it (the others'
+# requests wait behind that parse, not behind a megabyte of it).
+INPUT_AHEAD = 128 << 10
 # The line a connection past --max-connections gets before it is closed
 # (docs/PROTOCOL-EXTENSIONS.md).
 REFUSED = b"TOO_MANY_CONNECTIONS\r\n"
@@ -196,7 +200,8 @@ class _Connection:
 
     def _over_limit(self) -> bool:
         s = self.session
-        return s.inflight + s.owed > MAX_QUEUED_BYTES and not self.broken
+        return (s.inflight > INPUT_AHEAD or s.inflight + s.owed > MAX_QUEUED_BYTES) \
+            and not self.broken
 
     def _received(self, data: bytes) -> None:
         if not data:

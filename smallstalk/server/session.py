@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from smallstalk.storage.journal import INLINE_SYNC_RECORDS
-
 # Output backpressure: the loop runs none of a session's commands while more
 # than this many bytes of its replies are unsent (made, and not yet taken by
 # the socket). So a session holds at most this plus one reply, which may be a
@@ -13,10 +11,10 @@ from smallstalk.storage.journal import INLINE_SYNC_RECORDS
 # session runs until it has drained.
 OUT_BOUND = 1 << 20
 # Fairness: what one session may do in one loop turn before the others get
-# theirs (the rest of its commands run in the next turns). Above
-# journal.INLINE_SYNC_RECORDS, so that a flood's turns under --fsync always
-# still hand their fsync to the fsync thread instead of holding the loop.
-SLICE_COMMANDS = 2 * INLINE_SYNC_RECORDS
+# theirs (the rest of its commands run in the next turns). While a session
+# has commands left, the turn's fsync goes to the fsync thread however few
+# records it has (commit._sync_written), so a flood does not hold the loop.
+SLICE_COMMANDS = 64
 SLICE_BYTES = 16 << 10  # of replies: a `stats` costs as much as ~20 puts
 
 
