@@ -374,11 +374,12 @@ async def open_listeners(addr: str, port: int) -> list[trio.SocketListener]:
 class Gate:
     """The connection count against --max-connections."""
 
-    __slots__ = ("limit", "open")
+    __slots__ = ("limit", "open", "logged_at")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.open = 0
+        self.logged_at = -1.0  # the last refusal logged (once a second at most)
 
 
 async def serve_listeners(lp: MutationLoop, listeners, max_job_size: int,
@@ -414,7 +415,7 @@ async def _accept(lp: MutationLoop, lsock, max_job_size: int, poller: Poller | N
                 continue  # that one connection is gone
             raise
         if gate.open >= gate.limit:
-            _refuse(lp, sock)
+            _refuse(lp, sock, gate)
             continue
         if sock.family != stdsocket.AF_UNIX:
             try:
@@ -436,9 +437,14 @@ async def _serve_streamed(lp: MutationLoop, sock, max_job_size: int, gate: Gate)
         gate.open -= 1
 
 
-def _refuse(lp: MutationLoop, sock) -> None:
+def _refuse(lp: MutationLoop, sock, gate: Gate) -> None:
     """One line saying why, then close: a client past --max-connections never hangs."""
     lp.refused += 1
+    now = trio.current_time()
+    if now - gate.logged_at >= 1.0:
+        gate.logged_at = now
+        log.warning("refusing connections: %d open, --max-connections is %d (%d refused so far)",
+                    gate.open, gate.limit, lp.refused)
     try:
         os.write(sock.fileno(), REFUSED)  # an empty socket buffer takes it at once
     except OSError:

@@ -181,6 +181,7 @@ def test_past_max_connections_a_client_is_told_and_closed(tmp_path) -> None:
                 got += chunk
             assert got == b"TOO_MANY_CONNECTIONS\r\n"
         assert kept[0].stats()["connections-refused"] == "1"
+        assert "refusing connections: 3 open, --max-connections is 3" in server.log()
         kept[0].close()
         wait_for(lambda: kept[1].stats()["current-connections"] == "2", 10, "the close")
         with connect(server.port) as again:  # a place came free
