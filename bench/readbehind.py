@@ -236,7 +236,7 @@ def run(tmp: Path, total: int, max_memory: str | None, seed: int = 1,
         cold: bool = False) -> dict:
     data = tmp / "data"
     shutil.rmtree(data, ignore_errors=True)
-    flags = ["--max-memory", max_memory] if max_memory else []
+    flags = ["--extended-stats", *(["--max-memory", max_memory] if max_memory else [])]
     proc, port = start(data, tmp / "server.log", *flags)
     try:
         out = drive(port, proc.pid, total, seed, data if cold else None)

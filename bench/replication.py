@@ -46,8 +46,9 @@ def main() -> None:
     ap.add_argument("--fsync", default="always")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="smallstalk-repl-"))
-    primary = start_smallstalk(tmp, "--fsync", args.fsync, data_dir=tmp / "primary")
-    replica = start_smallstalk(tmp, "--fsync", args.fsync, "--replica-of",
+    primary = start_smallstalk(tmp, "--fsync", args.fsync, "--extended-stats",
+                               data_dir=tmp / "primary")
+    replica = start_smallstalk(tmp, "--fsync", args.fsync, "--extended-stats", "--replica-of",
                                f"127.0.0.1:{primary.port}", data_dir=tmp / "replica")
     try:
         load = subprocess.Popen([sys.executable, str(ROOT / "bench" / "loadgen.py"), "-p",

@@ -68,12 +68,14 @@ PRESETS = {
     # points at 10/50/200 and the never put at 50 are the issue's targets.
     "full": dict(duration=5.0, conns=(1, 10, 100), pipe=(("put-pipe", 1), ("put-pipe", 10),
                  ("rd-pipe", 10)), rss_jobs=1_000_000, startup_jobs=1_000_000,
-                 rd_jobs=300_000, max_ops=0, extras=True, rounds=2),
+                 rd_jobs=300_000, max_ops=0, extras=True, rounds=2,
+                 handoff_samples=2000, spawn_samples=7),
     "quick": dict(duration=1.0, conns=(1, 10, 100), pipe=(("put-pipe", 10),),
                   rss_jobs=100_000, startup_jobs=100_000, rd_jobs=40_000, max_ops=0,
-                  extras=True, rounds=1),
+                  extras=True, rounds=1, handoff_samples=300, spawn_samples=3),
     "tiny": dict(duration=0.5, conns=(), pipe=(), rss_jobs=2_000, startup_jobs=2_000,
-                 rd_jobs=600, max_ops=300, extras=False, rounds=1),
+                 rd_jobs=600, max_ops=300, extras=False, rounds=1,
+                 handoff_samples=20, spawn_samples=1),
 }
 # The tiny preset covers every workload once across the three modes.
 TINY_POINTS = (("memory", "put", 2), ("memory", "rd-pipe", 2), ("never", "cycle", 2),
@@ -578,9 +580,153 @@ class Bench:
                 time.sleep(0.01)
         raise RuntimeError(f"{srv.kind}: {seen} of {want} jobs after {timeout}s")
 
+    # --- hand-off latency and spawn-to-first-reply (issue: the figures a user feels) ----
+
+    def run_handoff(self) -> dict:
+        """A worker waits in `reserve`; another connection puts one job; one sample is the
+        time from sending the put until the worker holds the job (its RESERVED and body)."""
+        n = self.preset["handoff_samples"] if self.args.handoff_samples is None \
+            else self.args.handoff_samples
+        out = {"samples": n, "body_bytes": 100, "modes": {}}
+        if n <= 0:
+            return out
+        for mode in ("memory", "always"):
+            row = {}
+            for kind in self.servers:
+                srv = Server(kind, mode, self.workdir, src=self.src).start()
+                try:
+                    if srv.data_dir is not None:
+                        probe = fsync_probe(srv.data_dir)
+                    row[kind] = handoff_samples(srv.port, n)
+                    if srv.data_dir is not None:
+                        row[kind]["disk_fsync_per_sec"] = probe
+                except Exception as e:  # noqa: BLE001
+                    row[kind] = {"error": f"{type(e).__name__}: {e}"}
+                finally:
+                    srv.stop()
+                    if srv.data_dir is not None:
+                        shutil.rmtree(srv.data_dir, ignore_errors=True)
+                self.say(f"HANDOFF  {mode:6} {kind:10} {json.dumps(row[kind])}")
+            out["modes"][mode] = {"servers": row, "ratio": {
+                k: ratio_of(row, k) for k in ("p50_us", "p99_us", "max_us")}}
+        return out
+
+    def run_spawn(self) -> dict:
+        """Spawn the server, connect with retries, time until the first reply to `stats`
+        (median and max of a few spawns); without a data dir and with an empty one."""
+        n = self.preset["spawn_samples"] if self.args.spawn_samples is None \
+            else self.args.spawn_samples
+        out = {"samples": n, "cases": {}}
+        if n <= 0:
+            return out
+        for case in ("no data dir", "empty data dir"):
+            row = {}
+            for kind in self.servers:
+                times, cpus = [], []
+                try:
+                    for _ in range(n):
+                        t, c = spawn_to_first_reply(self, kind, case != "no data dir")
+                        times.append(t)
+                        cpus.append(c or 0.0)
+                    times.sort()
+                    cpus.sort()
+                    row[kind] = {"median_ms": round(1e3 * times[len(times) // 2], 2),
+                                 "min_ms": round(1e3 * times[0], 2),
+                                 "max_ms": round(1e3 * times[-1], 2),
+                                 "cpu_median_ms": round(1e3 * cpus[len(cpus) // 2], 2)}
+                except Exception as e:  # noqa: BLE001
+                    row[kind] = {"error": f"{type(e).__name__}: {e}"}
+                self.say(f"SPAWN    {case:14} {kind:10} {json.dumps(row[kind])}")
+            out["cases"][case] = {"servers": row, "ratio": ratio_of(row, "median_ms")}
+        return out
+
     def cleanup(self) -> None:
         if not self.args.keep:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _recv_until(s: socket.socket, buf: bytes, need: int) -> bytes:
+    while len(buf) < need:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise RuntimeError("connection closed")
+        buf += chunk
+    return buf
+
+
+def _read_line(s: socket.socket, buf: bytes) -> tuple[bytes, bytes]:
+    while b"\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise RuntimeError("connection closed")
+        buf += chunk
+    line, _, rest = buf.partition(b"\r\n")
+    return line, rest
+
+
+def handoff_samples(port: int, n: int, settle: float = 0.0005) -> dict:
+    """n hand-offs (see Bench.run_handoff): p50/p99/max in µs."""
+    body = b"x" * 100
+    put = b"put 1024 0 60 %d\r\n%s\r\n" % (len(body), body)
+    lat = []
+    with socket.create_connection(("127.0.0.1", port)) as w, \
+            socket.create_connection(("127.0.0.1", port)) as prod:
+        for s in (w, prod):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(n):
+            w.sendall(b"reserve\r\n")
+            time.sleep(settle)  # the reserve is parked in the server before the put
+            t0 = time.perf_counter()
+            prod.sendall(put)
+            line, rest = _read_line(w, b"")
+            if not line.startswith(b"RESERVED "):
+                raise RuntimeError(f"reserve answered {line!r}")
+            _recv_until(w, rest, int(line.split()[2]) + 2)
+            lat.append(time.perf_counter() - t0)
+            ins, _ = _read_line(prod, b"")
+            if not ins.startswith(b"INSERTED "):
+                raise RuntimeError(f"put answered {ins!r}")
+            w.sendall(b"delete %s\r\n" % line.split()[1])
+            d, _ = _read_line(w, b"")
+            if d != b"DELETED":
+                raise RuntimeError(f"delete answered {d!r}")
+    lat.sort()
+    us = [1e6 * x for x in lat]
+    return {"p50_us": round(us[len(us) // 2], 1), "p99_us": round(us[int(len(us) * 0.99)], 1),
+            "max_us": round(us[-1], 1), "mean_us": round(sum(us) / len(us), 1)}
+
+
+def spawn_to_first_reply(bench: Bench, kind: str, with_dir: bool,
+                         timeout: float = 30.0) -> tuple[float, float | None]:
+    """Seconds from spawn until the first reply to `stats` on a connection made with
+    retries (the way client test suites start a server), and the server's CPU seconds
+    by then (steadier than wall time on a shared machine)."""
+    srv = Server(kind, "memory", bench.workdir, src=bench.src)
+    if with_dir:
+        srv.data_dir = Path(tempfile.mkdtemp(prefix=f"{kind}-spawn-", dir=bench.workdir))
+        srv.cmd += (["--data-dir", str(srv.data_dir)] if kind == "smallstalk"
+                    else ["-b", str(srv.data_dir)])
+    srv.spawn()
+    try:
+        deadline = srv.t_spawn + timeout
+        while True:
+            try:
+                s = socket.create_connection(("127.0.0.1", srv.port), timeout=timeout)
+                break
+            except OSError:
+                if time.monotonic() > deadline or not srv.alive():
+                    raise RuntimeError(f"{kind} did not accept: {srv.log_tail()}") from None
+                time.sleep(0.001)
+        with s:
+            s.sendall(b"stats\r\n")
+            _read_line(s, b"")
+            wall = time.monotonic() - srv.t_spawn
+            cpu = proc_cpu_ns(srv.pid)
+            return wall, None if cpu is None else cpu / 1e9
+    finally:
+        srv.stop()
+        if srv.data_dir is not None:
+            shutil.rmtree(srv.data_dir, ignore_errors=True)
 
 
 # --- arithmetic and output ------------------------------------------------------------------
@@ -819,6 +965,36 @@ def render(results: dict, markdown: bool) -> str:
         parts.append(table(["server", "port s", "all jobs s", "cpu s", "disk MiB",
                             "RSS MiB"], cells, markdown, {1, 2, 3, 4, 5}))
 
+    ho = results.get("handoff") or {}
+    if ho.get("modes"):
+        cells = []
+        for mode, m in ho["modes"].items():
+            a, b = m["servers"].get(ss, {}), m["servers"].get(bs, {})
+            cells.append([mode] + [_cell(r, k, 0) for k in ("p50_us", "p99_us", "max_us")
+                                   for r in (a, b)]
+                         + [fmt_ratio(m["ratio"].get(k)) for k in ("p50_us", "p99_us")])
+        title = (f"Hand-off latency, µs ({ho['samples']:,} samples: a worker waits in "
+                 "`reserve`, another connection puts a job; until the worker holds it; "
+                 "always = --fsync always / -f 0)")
+        parts.append(f"{h}{title}" if markdown else f"-- {title}")
+        parts.append(table(["mode", "p50 ss", "p50 bs", "p99 ss", "p99 bs", "max ss",
+                            "max bs", "p50 ratio", "p99 ratio"], cells, markdown,
+                           set(range(1, 9))))
+    sp = results.get("spawn") or {}
+    if sp.get("cases"):
+        cells = []
+        for case, c in sp["cases"].items():
+            a, b = c["servers"].get(ss, {}), c["servers"].get(bs, {})
+            cells.append([case] + [_cell(r, k, 1) for r in (a, b)
+                                   for k in ("median_ms", "max_ms", "cpu_median_ms")]
+                         + [fmt_ratio(c.get("ratio"))])
+        title = (f"Spawn to first reply, ms (median / max of {sp['samples']} spawns: "
+                 "connect with retries, first `stats` answered; cpu = the server's CPU "
+                 "time by then, median)")
+        parts.append(f"{h}{title}" if markdown else f"-- {title}")
+        parts.append(table(["case", "ss median", "ss max", "ss cpu", "bs median", "bs max",
+                            "bs cpu", "ratio"], cells, markdown, set(range(1, 8))))
+
     cells = []
     for t in results["targets"]:
         def val(v, metric=t["metric"]):
@@ -889,6 +1065,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="load-generator processes (default: number of cores)")
     ap.add_argument("--rss-jobs", type=int, help="jobs for the RSS measurement (0 skips)")
     ap.add_argument("--startup-jobs", type=int, help="jobs for the restart measurement (0 skips)")
+    ap.add_argument("--handoff-samples", type=int,
+                    help="hand-off latency samples per mode and server (0 skips)")
+    ap.add_argument("--spawn-samples", type=int,
+                    help="spawns per case for spawn-to-first-reply (0 skips)")
     ap.add_argument("--only", help="regex on MODE/WORKLOAD/CONNS to run a subset of the points")
     ap.add_argument("--servers", default="smallstalk,beanstalkd")
     ap.add_argument("--out", default=str(REPO / "bench-results"), help="results directory")
@@ -919,6 +1099,8 @@ def main(argv: list[str] | None = None) -> int:
         points = bench.run_points()
         rss = bench.run_rss()
         startup = bench.run_startup()
+        handoff = bench.run_handoff()
+        spawn = bench.run_spawn()
     finally:
         bench.cleanup()
     for row in points:
@@ -937,11 +1119,14 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg_range": [min(loads), max(loads)], "clk_tck": CLK_TCK,
             "servers": bench.servers,
             "partial": bool(args.only) or len(bench.servers) < len(SERVERS)
-            or args.rss_jobs == 0 or args.startup_jobs == 0,
+            or args.rss_jobs == 0 or args.startup_jobs == 0
+            or args.handoff_samples == 0 or args.spawn_samples == 0,
         },
         "points": points,
         "rss": rss,
         "startup": startup,
+        "handoff": handoff,
+        "spawn": spawn,
     }
     results["targets"] = evaluate_targets(points, rss, startup)
     text = render(results, markdown=False)

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 from pathlib import Path
 
@@ -24,20 +25,21 @@ from smallstalk.config import (
     UsageError,
     parse_serve,
     server_changes,
+    tls_address,
 )
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import State
 from smallstalk.replication.feed import Hooks, new_history
-from smallstalk.replication.follower import Follower
+from smallstalk.server import tls
+from smallstalk.server.admin import AdminPolicy, parse_allow, read_token
 from smallstalk.server.connection import serve_listeners
 from smallstalk.server.loop import MutationLoop
 from smallstalk.server.policy import ConfigError
-from smallstalk.storage import compactor, datadir
+from smallstalk.storage import datadir
 from smallstalk.storage.aof import FSYNC_INTERVAL, CorruptionError, make_dirs
 from smallstalk.storage.bodies import BodyStore
 from smallstalk.storage.journal import Journal
-from smallstalk.storage.recovery import recover, refusal
 
 log = logging.getLogger("smallstalk")
 
@@ -47,7 +49,7 @@ Usage: smallstalk COMMAND [ARGS]
 Commands:
   serve         run the server (see `smallstalk serve -h`); beanstalkd's
                 flags without a command also serve
-  promote       promote HOST:PORT: turn a replica into a primary
+  promote       promote [--token-file FILE] HOST:PORT: turn a replica into a primary
   config        config dump: the effective per-tube settings, from a
                 --config FILE or a running --server HOST:PORT
   aof           inspect a data directory: aof ls | dump | verify
@@ -123,14 +125,21 @@ def _whoami() -> str:
         return f"uid {os.getuid()}"
 
 
-async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
-    """Run the server on `sockets`, bound already: nothing is written before they are."""
+async def serve(cfg: ServeConfig, sockets: list[socket.socket],
+                tls_sockets: list[socket.socket] | tuple = (),
+                contexts: tls.Contexts | None = None) -> None:
+    """Run the server on `sockets` (plaintext) and `tls_sockets` (TLS with
+    `contexts.server`), bound already: nothing is written before they are."""
+    contexts = contexts or tls.Contexts()
     console = None
     if cfg.http is not None:  # the optional extra, imported before clients are served
         from smallstalk.console import app as console
     journal = None
     lock = None
     if cfg.data_dir is not None:
+        # Imported here: a server without a data directory never needs them (start-up time).
+        from smallstalk.storage.recovery import recover
+
         # One directory, one process: taken before recovery writes anything, and
         # held until the server ends (a replica's follower runs in this process).
         lock = datadir.lock(cfg.data_dir)
@@ -171,6 +180,9 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
                       min_replica_acks=cfg.min_replica_acks,
                       replica_ack_timeout=cfg.replica_ack_timeout)
     lp.policies = cfg.policies
+    lp.extended_stats = cfg.extended_stats
+    token = read_token(cfg.admin_token_file) if cfg.admin_token_file else None
+    lp.admin = AdminPolicy(token, parse_allow(cfg.admin_allow))
     lp.replication = Hooks()  # `replicate` and `promote` (server/ does not import replication/)
     if journal is not None:
         lp.use_bodies(bodies)
@@ -180,8 +192,13 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
                  cfg.config_path, len(cfg.policies.tubes))
     follower = None
     if cfg.replica_of:
+        from smallstalk.client.security import TOKEN_ENV
+        from smallstalk.replication.follower import Follower
+
         # A replica logs only what its primary sends, with the primary's seqs.
-        follower = Follower(lp, *cfg.replica_of)
+        # What it sends the primary first: its own admin token, or the client's variable.
+        follower = Follower(lp, *cfg.replica_of, ssl_context=contexts.replica,
+                            token=token or os.environ.get(TOKEN_ENV, "").strip() or None)
         lp.role, lp.follower = "replica", follower
         lp.read_only = "replica"
     elif journal is not None:
@@ -190,22 +207,28 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket]) -> None:
         lp.log(r.Restart)  # connections of an earlier run are gone
         await journal.commit()
     listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in sockets]
+    if contexts.server is not None:
+        listeners += [tls.listener(trio.socket.from_stdlib_socket(s), contexts.server)
+                      for s in tls_sockets]
     try:
         async with trio.open_nursery() as nursery:
             # Signals first: a SIGUSR1 or SIGTERM right after the server says it
             # serves must be handled, not kill the process.
             await nursery.start(_signals, nursery.cancel_scope, lp, cfg)
-            where = ", ".join(listen.describe(s) for s in sockets)
+            where = ", ".join([listen.describe(s) for s in sockets] +
+                              [f"{listen.describe(s)} (TLS)" for s in tls_sockets])
             log.info("smallstalk %s listening on %s (fsync %s%s)", __version__, where,
                      cfg.fsync if journal else "n/a, in memory",
                      f", replica of {cfg.replica_of[0]}:{cfg.replica_of[1]}"
                      if cfg.replica_of else "")
             nursery.start_soon(lp.run)
             nursery.start_soon(serve_listeners, lp, listeners, cfg.max_job_size,
-                               cfg.max_connections)
+                               cfg.tls_handshake_timeout, cfg.max_connections)
             if follower is not None:
                 nursery.start_soon(follower.run)
             if journal is not None and cfg.compact:
+                from smallstalk.storage import compactor
+
                 nursery.start_soon(compactor.run, journal, cfg.data_dir, cfg.compact_interval,
                                    cfg.compact_segments,
                                    compactor.retention(cfg.keep_hours, cfg.keep_bytes), lp)
@@ -263,12 +286,37 @@ async def _reload(lp: MutationLoop, cfg: ServeConfig | None) -> None:
 
 
 PROMOTE_HELP = """\
-usage: smallstalk promote HOST:PORT
+usage: smallstalk promote [--token-file FILE] [--tls-ca FILE [--tls-cert FILE
+                         --tls-key FILE]] HOST:PORT
 
 Tell the replica at HOST:PORT to become a primary: it stops following its
 primary and takes writes. Prints the replica's answer; exits 0 on PROMOTED.
-See docs/OPERATIONS.md for the failover runbook.
+A replica started with --admin-token-file needs its token: from
+--token-file FILE, else from $SMALLSTALK_TOKEN (never an argument: `ps`
+shows those). See docs/OPERATIONS.md for the failover runbook.
+
+HOST:PORT may be the replica's TLS port: --tls-ca FILE checks its
+certificate against the CAs in FILE; --tls-cert and --tls-key present this
+client's certificate to a replica with --tls-client-ca.
 """
+
+PROMOTE_FLAGS = ("--token-file", "--tls-ca", "--tls-cert", "--tls-key")
+
+
+def _promote_tls(opts: dict[str, str]) -> ssl.SSLContext | None:
+    """The TLS context of `promote`'s options, or None for plaintext."""
+    if not any(k in opts for k in PROMOTE_FLAGS[1:]):
+        return None
+    if ("--tls-cert" in opts) != ("--tls-key" in opts):
+        raise UsageError("promote: --tls-cert and --tls-key go together")
+    try:
+        ctx = ssl.create_default_context(cafile=opts.get("--tls-ca"))
+        if "--tls-cert" in opts:
+            ctx.load_cert_chain(opts["--tls-cert"], opts["--tls-key"], password=lambda: b"")
+    except (OSError, ValueError) as e:
+        raise UsageError(f"promote: cannot load the TLS files: {e}") from None
+    return ctx
+
 
 
 def promote_command(argv: list[str]) -> int:
@@ -276,23 +324,51 @@ def promote_command(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(PROMOTE_HELP, end="")
         return 0
-    if len(argv) != 1:
-        raise UsageError("promote takes one argument, HOST:PORT")
-    host, _, port = argv[0].rpartition(":")
+    args = list(argv)
+    opts: dict[str, str] = {}
+    while args and args[0].startswith("--"):
+        flag, eq, value = args.pop(0).partition("=")
+        if flag not in PROMOTE_FLAGS:
+            raise UsageError(f"promote: unknown option {flag}")
+        if not eq:
+            if not args:
+                raise UsageError(f"{flag} takes a FILE")
+            value = args.pop(0)
+        opts[flag] = value
+    token_file = opts.get("--token-file")
+    if len(args) != 1:
+        raise UsageError("promote takes one argument, HOST:PORT (options first)")
+    host, _, port = args[0].rpartition(":")
     if not host or not port.isdigit() or int(port) > 65535:
-        raise UsageError(f"promote: not HOST:PORT: {argv[0]}")
+        raise UsageError(f"promote: not HOST:PORT: {args[0]}")
+    # Imported here: the client package is not on the server's start-up path.
+    from smallstalk.client.security import token_for_tool
+
     try:
-        with socket.create_connection((host, int(port)), timeout=30) as sock:
-            sock.sendall(p.render(p.PROMOTE))
+        token = token_for_tool(token_file)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    ctx = _promote_tls(opts)
+    hello = b"" if token is None else p.render(p.Auth(token))
+    try:
+        with socket.create_connection((host, int(port)), timeout=30) as tcp, (
+                ctx.wrap_socket(tcp, server_hostname=host) if ctx else tcp) as sock:
+            sock.sendall(hello + p.render(p.PROMOTE))
             reply = b""
-            while not reply.endswith(b"\r\n"):
+            while reply.count(b"\r\n") < (2 if token is not None else 1):
                 chunk = sock.recv(4096)
                 if not chunk:
                     break
                 reply += chunk
     except OSError as e:
-        print(f"smallstalk promote: {argv[0]}: {e.strerror or e}", file=sys.stderr)
+        print(f"smallstalk promote: {args[0]}: {e.strerror or e}", file=sys.stderr)
         return 1
+    if token is not None:
+        first, _, reply = reply.partition(b"\r\n")
+        if first + b"\r\n" != p.OK:
+            print(f"smallstalk promote: {args[0]} refused the admin token: "
+                  f"{first.decode(errors='replace')}", file=sys.stderr)
+            return 1
     text = reply.decode(errors="replace").strip()
     print(text)
     return 0 if reply.strip().startswith(p.PROMOTED_WORD) else 1
@@ -315,14 +391,29 @@ def _listen_sockets(argv: list[str], cfg: ServeConfig,
                     early: list[socket.socket] | None) -> list[socket.socket]:
     """systemd's sockets, else launch.py's early ones if they fit, else bound now."""
     passed = listen.systemd_sockets()
-    if early and (passed or not _early_socket_fits(argv, cfg)):
+    plaintext = cfg.plaintext or cfg.addr.startswith("unix:")  # a unix socket stays
+    if early and (passed or not plaintext or not _early_socket_fits(argv, cfg)):
         for sock in early:
             sock.close()
         early = None
     if passed:
         log.info("serving the %d socket(s) systemd passed in (-l/-p ignored)", len(passed))
         return passed
+    if not plaintext:
+        return []
     return early or listen.bind(cfg.addr, cfg.port)
+
+
+def _tls_setup(cfg: ServeConfig) -> tls.Contexts:
+    """The TLS contexts, from files read now (before -u and recovery); TLSFileError
+    names a file the server cannot use."""
+    server = replica = None
+    if cfg.tls_cert is not None and cfg.tls_key is not None:
+        server = tls.server_context(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
+    if cfg.replica_tls_ca is not None or cfg.replica_tls_cert is not None:
+        replica = tls.replica_context(cfg.replica_tls_ca, cfg.replica_tls_cert,
+                                      cfg.replica_tls_key)
+    return tls.Contexts(server, replica)
 
 
 def _setup_logging(verbose: int) -> None:
@@ -348,12 +439,15 @@ def serve_command(argv: list[str], early: list[socket.socket] | None = None) -> 
             return 5
     _setup_logging(cfg.verbose)
     try:
+        contexts = _tls_setup(cfg)
         sockets = _listen_sockets(argv, cfg, early)
+        tls_sockets = [] if cfg.tls_port is None else \
+            listen.bind(tls_address(cfg), cfg.tls_port, ("--tls-listen", "--tls-port"))
         if cfg.user:
             _drop_privileges(cfg.user)
         if cfg.data_dir is not None:
             _check_data_dir(cfg.data_dir)
-        trio.run(serve, cfg, sockets)
+        trio.run(serve, cfg, sockets, tls_sockets, contexts)
     except KeyboardInterrupt:
         pass
     except BaseException as e:  # noqa: B036 -- only known mistakes are caught, bugs re-raised
@@ -378,9 +472,13 @@ def _start_error(e: BaseException, data_dir: Path | None) -> StartError | None:
         return e
     if isinstance(e, listen.ListenError):
         return StartError(str(e), EXIT_LISTEN)
+    if isinstance(e, tls.TLSFileError):
+        return StartError(str(e))
     if isinstance(e, datadir.Locked):
         return StartError(str(e), datadir.EXIT_LOCKED)
     if isinstance(e, CorruptionError):
+        from smallstalk.storage.recovery import refusal
+
         return StartError(f"cannot start: {refusal(e, data_dir)}" if data_dir is not None
                           else f"damaged data directory: {e}")
     if isinstance(e, OSError) and e.filename is not None and e.errno in _FILE_ERRNOS:

@@ -16,6 +16,7 @@ import attrs
 
 from smallstalk import __version__
 from smallstalk.core import protocol
+from smallstalk.server.admin import LOOPBACK, parse_allow, read_token
 from smallstalk.server.policy import (
     ConfigError,
     Policies,
@@ -81,8 +82,36 @@ Replication (needs a data directory; see the README):
  --replica-ack-timeout S how long to wait for those acks before answering
                          NOT_REPLICATED (default 5)
 
+TLS (see docs/SECURITY.md; certificates and keys are PEM files):
+ --tls-port PORT         serve TLS clients on this port, beside the plaintext -p
+ --tls-cert FILE         the server's certificate (chain), for --tls-port
+ --tls-key FILE          its private key (not encrypted)
+ --tls-listen ADDR       the TLS port's address (default: -l's, or 127.0.0.1
+                         when -l is unix:PATH)
+ --tls-client-ca FILE    mutual TLS: only clients with a certificate signed by
+                         a CA in FILE get in (the console too)
+ --tls-handshake-timeout SEC
+                         drop a client whose TLS handshake takes longer (default 10)
+ --no-plaintext          no plaintext TCP port (-p); a unix:PATH socket stays
+ --replica-tls-ca FILE   follow the --replica-of primary over TLS, trusting
+                         the CAs in FILE (the system's CAs when only
+                         --replica-tls-cert is given)
+ --replica-tls-cert FILE, --replica-tls-key FILE
+                         the replica's own certificate, for a primary with
+                         --tls-client-ca
+
+Admin commands (replicate, promote, config, reload-config, flush-tube;
+see docs/SECURITY.md):
+ --admin-token-file FILE every connection must send `auth <token>` first; FILE holds
+                         the token (replicas send their own file's token to the primary)
+ --admin-allow CIDR,...  without a token: the addresses that may run them
+                         (default 127.0.0.0/8,::1; the unix socket always may)
+ --extended-stats        stats and stats-tube carry smallstalk's own keys too (default:
+                         beanstalkd's keys only; ext-stats and ext-stats-tube serve ours)
+
 Operator console (needs the extra: pip install smallstalk[console]):
- --http ADDR:PORT        serve /metrics and the web console there (default: off)
+ --http ADDR:PORT        serve /metrics and the web console there (default: off);
+                         over HTTPS with --tls-cert
 """
 
 class UsageError(Exception):
@@ -112,11 +141,26 @@ class ServeConfig:
     max_memory: int = 0  # job-body bytes kept in memory, all tubes together; 0 = unlimited
     max_connections: int = 0  # 0: 10,000, or fewer under a lower RLIMIT_NOFILE
     http: tuple[str, int] | None = None  # --http ADDR:PORT: metrics and the web console
+    # TLS (server/tls.py): a port of its own beside the plaintext one.
+    tls_port: int | None = None
+    tls_listen: str | None = None  # None: -l's address (127.0.0.1 for unix:PATH)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None  # mutual TLS
+    tls_handshake_timeout: float = 10.0
+    plaintext: bool = True  # --no-plaintext: no plaintext TCP listener
+    replica_tls_ca: Path | None = None
+    replica_tls_cert: Path | None = None
+    replica_tls_key: Path | None = None
     config_path: Path | None = None  # --config FILE (absolute), reread on SIGHUP
     policies: Policies = attrs.Factory(Policies)  # the file's tube tables
     # The file's [server] settings as read at start ({TOML key: value}), to
     # tell on a reload whether the file now asks for something else.
     file_settings: dict[str, Any] = attrs.Factory(dict)
+    # Admin commands (server/admin.py): the token's file, the CIDRs trusted without one.
+    admin_token_file: Path | None = None
+    admin_allow: tuple[str, ...] = LOOPBACK
+    extended_stats: bool = False  # stats and stats-tube append smallstalk's keys
 
 
 def _int(text: str, flag: str) -> int:
@@ -142,7 +186,18 @@ LONG_OPTIONS = {
     "--keep-segments-bytes", "--replica-of", "--min-replica-acks", "--replica-ack-timeout",
     "--listen", "--port", "--max-job-size", "--max-memory", "--config", "--http",
     "--max-connections",
+    "--tls-port", "--tls-listen", "--tls-cert", "--tls-key", "--tls-client-ca",
+    "--tls-handshake-timeout", "--replica-tls-ca", "--replica-tls-cert", "--replica-tls-key",
+    "--admin-token-file", "--admin-allow",
 }
+
+# Long options without a value.
+SWITCHES = {"--no-compact", "--no-plaintext", "--extended-stats"}
+
+# Options that name a file: --tls-cert FILE -> ServeConfig.tls_cert.
+PATH_OPTIONS = {f"--{key}": key.replace("-", "_") for key in (
+    "tls-cert", "tls-key", "tls-client-ca", "replica-tls-ca", "replica-tls-cert",
+    "replica-tls-key")}
 
 FSYNC_MODES = {"always": FSYNC_ALWAYS, "everysec": FSYNC_INTERVAL, "never": FSYNC_NEVER}
 
@@ -162,7 +217,7 @@ def parse_serve(argv: list[str]) -> ServeConfig | str:
             name, eq, value = arg.partition("=")
             if name in ("--help",):
                 return SERVE_HELP
-            if name == "--no-compact":
+            if name in SWITCHES:
                 flags_seen.append((name, ""))
                 continue
             if name == "--version":
@@ -211,7 +266,45 @@ def parse_serve(argv: list[str]) -> ServeConfig | str:
             _set_long(cfg, flag, value)
         else:
             _set_short(cfg, flag[1], value)
+    check_tls(cfg)
+    _check_admin(cfg)
     return cfg
+
+
+def check_tls(cfg: ServeConfig) -> None:
+    """The TLS settings fit together (the files themselves are read by server/tls.py)."""
+    if cfg.tls_port is not None and (cfg.tls_cert is None or cfg.tls_key is None):
+        raise UsageError("--tls-port needs --tls-cert FILE and --tls-key FILE")
+    if (cfg.tls_cert is None) != (cfg.tls_key is None):
+        raise UsageError("--tls-cert and --tls-key go together")
+    if cfg.tls_cert is not None and cfg.tls_port is None and cfg.http is None:
+        raise UsageError("--tls-cert is for --tls-port PORT (or the --http console)")
+    if cfg.tls_client_ca is not None and cfg.tls_cert is None:
+        raise UsageError("--tls-client-ca needs --tls-cert and --tls-key")
+    if not cfg.plaintext and cfg.tls_port is None and not cfg.addr.startswith("unix:"):
+        raise UsageError("--no-plaintext leaves nothing to listen on: add --tls-port PORT "
+                         "with --tls-cert and --tls-key")
+    if (cfg.replica_tls_cert is None) != (cfg.replica_tls_key is None):
+        raise UsageError("--replica-tls-cert and --replica-tls-key go together")
+    if cfg.replica_of is None and (cfg.replica_tls_ca or cfg.replica_tls_cert):
+        raise UsageError("--replica-tls-* are for --replica-of HOST:PORT")
+
+
+def tls_address(cfg: ServeConfig) -> str:
+    """Where the TLS port listens: --tls-listen, else -l's address (never a unix socket)."""
+    if cfg.tls_listen is not None:
+        return cfg.tls_listen
+    return "127.0.0.1" if cfg.addr.startswith("unix:") else cfg.addr
+
+
+def _check_admin(cfg: ServeConfig) -> None:
+    """A token file that cannot be read, or an address that is none, stops the start."""
+    try:
+        parse_allow(cfg.admin_allow)
+        if cfg.admin_token_file is not None:
+            read_token(cfg.admin_token_file)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _set_short(cfg: ServeConfig, ch: str, value: str) -> None:
@@ -256,6 +349,28 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
         cfg.compact_segments = max(_int(value, name), 1)
     elif name == "--no-compact":
         cfg.compact = False
+    elif name == "--no-plaintext":
+        cfg.plaintext = False
+    elif name == "--tls-port":
+        cfg.tls_port = _port_flag(value, name)
+    elif name == "--tls-listen":
+        if value.startswith("unix:"):
+            raise UsageError("--tls-listen takes an IP address or host name: a unix "
+                             "socket stays plaintext (use -l unix:PATH)")
+        cfg.tls_listen = value
+    elif name == "--tls-handshake-timeout":
+        cfg.tls_handshake_timeout = _float(value, name)
+    elif name in PATH_OPTIONS:
+        setattr(cfg, PATH_OPTIONS[name], Path(value))
+    elif name == "--extended-stats":
+        cfg.extended_stats = True
+    elif name == "--admin-token-file":
+        cfg.admin_token_file = Path(value).absolute()
+    elif name == "--admin-allow":
+        try:
+            cfg.admin_allow = _cidrs(value, name)
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
     elif name == "--keep-segments-hours":
         cfg.keep_hours = _float(value, name)
     elif name == "--keep-segments-bytes":
@@ -285,6 +400,19 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
             cfg.max_memory = parse_size(value, name)
         except ConfigError as e:
             raise UsageError(str(e)) from None
+
+
+def _cidrs(value: object, where: str) -> tuple[str, ...]:
+    """"CIDR,CIDR" (a flag, or the file's string), or the file's list of strings."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise ConfigError(f"{where}: expected \"CIDR,...\" or a list of CIDRs, got {value!r}")
+    out = tuple(i.strip() for i in items if i.strip())
+    try:
+        parse_allow(out)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    return out
 
 
 def _float(text: str, flag: str) -> float:
@@ -352,6 +480,13 @@ def _bool(value: object, where: str) -> bool:
     return value
 
 
+def _tls_listen(value: object, where: str) -> str:
+    text = _text(value, where)
+    if text.startswith("unix:"):
+        raise ConfigError(f"{where}: a unix socket stays plaintext: expected an address")
+    return text
+
+
 def _replica_of(value: object, where: str) -> tuple[str, int]:
     hp = _host_port(value) if isinstance(value, str) else None
     if hp is None:
@@ -383,7 +518,24 @@ SERVER_KEYS: dict[str, tuple[str, Callable[[object, str], Any]]] = {
     "max-memory": ("max_memory", parse_size),
     "max-connections": ("max_connections", lambda v, w: max(_count(v, w), 1)),
     "http": ("http", _replica_of),
+    "tls-port": ("tls_port", _port),
+    "tls-listen": ("tls_listen", _tls_listen),
+    "tls-cert": ("tls_cert", _text),
+    "tls-key": ("tls_key", _text),
+    "tls-client-ca": ("tls_client_ca", _text),
+    "tls-handshake-timeout": ("tls_handshake_timeout", _seconds),
+    "plaintext": ("plaintext", _bool),
+    "replica-tls-ca": ("replica_tls_ca", _text),
+    "replica-tls-cert": ("replica_tls_cert", _text),
+    "replica-tls-key": ("replica_tls_key", _text),
+    "admin-token-file": ("admin_token_file", _text),
+    "admin-allow": ("admin_allow", _cidrs),
+    "extended-stats": ("extended_stats", _bool),
 }
+
+# Keys that name files or directories: relative to the configuration file's directory.
+PATH_KEYS = {"data-dir", "admin-token-file", "tls-cert", "tls-key", "tls-client-ca",
+             "replica-tls-ca", "replica-tls-cert", "replica-tls-key"}
 
 def server_settings(doc: Mapping[str, Any], path: Path) -> dict[str, Any]:
     """The `[server]` table as {TOML key: converted value}; ConfigError names file and key."""
@@ -397,7 +549,7 @@ def server_settings(doc: Mapping[str, Any], path: Path) -> dict[str, Any]:
                               f"(known: {', '.join(SERVER_KEYS)})")
         where = f"{path}: server.{key}"
         out[key] = SERVER_KEYS[key][1](value, where)
-        if key == "data-dir":  # relative to the file, not to wherever the server starts
+        if key in PATH_KEYS:  # relative to the file, not to wherever the server starts
             out[key] = path.parent / out[key]
     return out
 

@@ -9,6 +9,7 @@ kernel's accept queue instead of being refused.
 
 from __future__ import annotations
 
+import gc
 import socket
 import sys
 
@@ -34,6 +35,13 @@ def main(argv: list[str] | None = None) -> int:
         socks = _bind_early(argv)
     elif argv[0] == "serve":
         socks = _bind_early(argv[1:])
-    from smallstalk.cli import main as cli_main
+    # Importing makes only long-lived objects: a collection during it frees nothing,
+    # and frozen, they are not walked again by the full collections of a serving loop.
+    gc.disable()
+    try:
+        from smallstalk.cli import main as cli_main
+    finally:
+        gc.freeze()
+        gc.enable()
 
     return cli_main(argv, listen_sockets=socks)

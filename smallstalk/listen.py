@@ -33,11 +33,12 @@ def listen_address(argv: list[str]) -> tuple[str, int] | None:
             arg = args.pop(0)
             if arg.startswith("--"):
                 name, eq, value = arg.partition("=")
-                if name in ("--help", "--version", "--config"):
+                if name in ("--help", "--version", "--config", "--no-plaintext"):
                     # --config may name another address: the full parser decides,
-                    # and the server binds after reading the file.
+                    # and the server binds after reading the file (--no-plaintext:
+                    # no plaintext port to bind).
                     return None
-                if name == "--no-compact":
+                if name in ("--no-compact", "--extended-stats"):  # switches: no value
                     continue
                 if not eq:
                     value = args.pop(0)
@@ -66,10 +67,11 @@ def listen_address(argv: list[str]) -> tuple[str, int] | None:
     return addr, port
 
 
-def bind(addr: str, port: int) -> list[socket.socket]:
+def bind(addr: str, port: int, flags: tuple[str, str] = ("-l", "-p")) -> list[socket.socket]:
     """Listening sockets on addr:port (every address it resolves to), or unix:PATH.
 
-    Raises ListenError with the one line to print.
+    Raises ListenError with the one line to print, naming `flags` (the address's
+    and the port's) as the way to change them.
     """
     where = addr if addr.startswith("unix:") else f"{addr}:{port}"
     socks: list[socket.socket] = []
@@ -101,19 +103,21 @@ def bind(addr: str, port: int) -> list[socket.socket]:
     except OSError as e:
         for sock in socks:
             sock.close()
-        raise ListenError(_why(where, e)) from None
+        raise ListenError(_why(where, e, flags)) from None
 
 
-def _why(where: str, e: OSError) -> str:
+def _why(where: str, e: OSError, flags: tuple[str, str]) -> str:
+    addr_flag, port_flag = flags
     if isinstance(e, socket.gaierror):
-        return f"cannot listen on {where}: cannot resolve the address ({e.strerror}); use -l"
+        return (f"cannot listen on {where}: cannot resolve the address ({e.strerror}); "
+                f"use {addr_flag}")
     if e.errno == errno.EADDRINUSE:
-        return f"{where} already in use: another smallstalk or beanstalkd? use -p"
+        return f"{where} already in use: another smallstalk or beanstalkd? use {port_flag}"
     if e.errno == errno.EACCES and not where.startswith("unix:"):
         return (f"cannot listen on {where}: permission denied (ports below 1024 need root "
                 "or CAP_NET_BIND_SERVICE)")
     if e.errno == errno.EADDRNOTAVAIL:
-        return f"cannot listen on {where}: no such address on this host; use -l"
+        return f"cannot listen on {where}: no such address on this host; use {addr_flag}"
     return f"cannot listen on {where}: {e.strerror or e}"
 
 

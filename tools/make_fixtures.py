@@ -510,7 +510,8 @@ class Server:
         config.write_text(CONFIG)
         cmd = [sys.executable, "-m", "smallstalk", "serve", "-l", "127.0.0.1", "-p",
                str(self.port), "--data-dir", str(data_dir), "--config", str(config),
-               "--segment-records", str(SEGMENT_RECORDS), "--compact-interval", "3600"]
+               "--segment-records", str(SEGMENT_RECORDS), "--compact-interval", "3600",
+               "--extended-stats"]  # the checks below read smallstalk's keys too
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         wait_until("the server to listen", self._listening, 30.0)
@@ -546,11 +547,11 @@ class Client:
         self.gs = greenstalk.Client(("127.0.0.1", server.port))
 
     def put(self, body: str, pri: int, delay: int = 0, ttr: int = LONG, max_age: int = 0) -> int:
-        """A put; `max_age` is the fifth argument (`put <pri> <delay> <ttr> <bytes> <max-age>`)."""
+        """A put; with `max_age`, smallstalk's `put-expiring` (the job's own max age)."""
         if max_age:
             buf = body.encode()
-            jid = self.gs._int_cmd(b"put %d %d %d %d %d\r\n%b" % (pri, delay, ttr, len(buf),
-                                                                   max_age, buf), b"INSERTED")
+            jid = self.gs._int_cmd(b"put-expiring %d %d %d %d %d\r\n%b" % (
+                pri, delay, ttr, max_age, len(buf), buf), b"INSERTED")
         else:
             jid = self.gs.put(body, priority=pri, delay=delay, ttr=ttr)
         tube = self.m.view(self.label).use
@@ -832,7 +833,7 @@ def check_log(aof_dir: Path, m: Model) -> tuple[list[tuple[Path, int, int]], dic
     assert len(seen) == len(m.records), (len(seen), len(m.records))
     times = {raw[1]: raw[2] for raw in seen}
 
-    def absolute(obj: Any) -> Any:  # {seq, plus_seconds} -> ns, as tests/test_format.py does
+    def absolute(obj: Any) -> Any:  # {seq, plus_seconds} -> ns, as tests/unit/test_format.py does
         if isinstance(obj, dict):
             if set(obj) == {"seq", "plus_seconds"}:
                 return times[obj["seq"]] + obj["plus_seconds"] * 10**9

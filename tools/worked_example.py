@@ -1,7 +1,7 @@
 """Rewrite the worked example in snapshots/README.md from the current fixture.
 
 Run after generating fixtures of a new version: `python tools/worked_example.py`.
-tests/test_format.py checks that the example matches the fixture byte for byte.
+tests/unit/test_format.py checks that the example matches the fixture byte for byte.
 """
 
 from __future__ import annotations

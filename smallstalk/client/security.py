@@ -43,6 +43,16 @@ def read_token_file(path: str | os.PathLike[str]) -> str:
     return check_token(text)
 
 
+def token_for_tool(token_file: str | os.PathLike[str] | None) -> str | None:
+    """The token an operator command sends (`smallstalk promote`, `config dump`):
+    from `--token-file`, else from $SMALLSTALK_TOKEN, else none. Never from an
+    argument: `ps` shows those to every user of the machine."""
+    if token_file is not None:
+        return read_token_file(token_file)
+    env = os.environ.get(TOKEN_ENV)
+    return check_token(env.strip()) if env and env.strip() else None
+
+
 def security(*, tls: bool = False, ssl_context: ssl.SSLContext | None = None,
              token: str | None = None,
              token_file: str | os.PathLike[str] | None = None) -> Security:

@@ -197,8 +197,9 @@ class Client:
             server: str | None = None, max_age: int = 0) -> JobRef:
         """Insert a job (str bodies are UTF-8); `tube` puts into another tube than
         the used one without changing it; `server` picks the server, else
-        round-robin; `max_age` (seconds, smallstalk only: beanstalkd answers
-        BAD_FORMAT) expires the job if it is still waiting then. Raises
+        round-robin; `max_age` (seconds, smallstalk only: sent as `put-expiring`,
+        which beanstalkd answers UNKNOWN_COMMAND) expires the job if it is still
+        waiting then. Raises
         JobTooBig, OutOfMemory (a full tube), Draining, Buried, ExpectedCRLF."""
         return self._run(self._core.put(body, priority, delay, ttr, tube, server, max_age))
 

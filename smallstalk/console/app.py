@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import ssl
 import time
 from collections import deque
 from pathlib import Path
@@ -354,10 +355,15 @@ async def serve(lp: MutationLoop, cfg: ServeConfig, *,
     hc.accesslog = None
     hc.errorlog = logging.getLogger("smallstalk.console.http")
     hc.graceful_timeout = 1.0
+    scheme = "http"
+    if cfg.tls_cert is not None:  # the client port's certificate, and its mutual TLS
+        hc.certfile, hc.keyfile, scheme = str(cfg.tls_cert), str(cfg.tls_key), "https"
+        if cfg.tls_client_ca is not None:
+            hc.ca_certs, hc.verify_mode = str(cfg.tls_client_ca), ssl.CERT_REQUIRED
     async with trio.open_nursery() as nursery:
         nursery.start_soon(c.sample_rates)
         await nursery.start(_serve_app, app, hc)
-        log.info("console on http://%s/ (metrics at /metrics)", hc.bind[0])
+        log.info("console on %s://%s/ (metrics at /metrics)", scheme, hc.bind[0])
         task_status.started()
 
 

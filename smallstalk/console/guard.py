@@ -5,8 +5,7 @@ Every write is a POST that must carry the CSRF token of its browser (a
 random value in a SameSite=Strict cookie, repeated in the form: double
 submit), and then:
 
-- with an admin token configured (`cfg.admin_token_file`, read by whoever
-  adds that option to config.py), a login session: the token typed into
+- with an admin token configured (`--admin-token-file`), a login session: the token typed into
   /login gives a session cookie, an HMAC of the token under a key made at
   start (sessions end with the process);
 - without one, the request must come from an admin-allowed address
@@ -17,25 +16,23 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import secrets
-from pathlib import Path
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from smallstalk.server import admin
+
 CSRF_COOKIE = "smallstalk_csrf"
 SESSION_COOKIE = "smallstalk_admin"
-LOOPBACK = ("127.0.0.0/8", "::1/128")
 
 
 class Guard:
     def __init__(self, cfg) -> None:
         self.key = secrets.token_bytes(32)
         token_file = getattr(cfg, "admin_token_file", None)
-        self.token = Path(token_file).read_text().strip() if token_file else None
-        allow = getattr(cfg, "admin_allow", None) or LOOPBACK
-        self.allowed = [ipaddress.ip_network(a, strict=False) for a in allow]
+        self.token = admin.read_token(token_file) if token_file else None
+        self.allowed = admin.parse_allow(getattr(cfg, "admin_allow", None) or admin.LOOPBACK)
 
     # --- CSRF ---------------------------------------------------------------------
 
@@ -65,12 +62,8 @@ class Guard:
         return hmac.compare_digest(request.cookies.get(SESSION_COOKIE, ""), self._session_value())
 
     def address_allowed(self, request: Request) -> bool:
-        host = request.client.host if request.client else ""
-        try:
-            ip = ipaddress.ip_address(host)
-        except ValueError:
-            return False
-        return any(ip in net for net in self.allowed)
+        return admin.peer_allowed(request.client.host if request.client else None,
+                                  self.allowed)
 
     def refuse_write(self, request: Request, form) -> str | None:
         """Why this POST may not change anything, or None."""
@@ -88,7 +81,7 @@ class Guard:
         if self.token is None or not self._csrf_ok(request, form):
             return False
         sent = form.get("token", "")
-        if not isinstance(sent, str) or not hmac.compare_digest(sent, self.token):
+        if not isinstance(sent, str) or not admin.token_matches(sent, self.token):
             return False
         resp.set_cookie(SESSION_COOKIE, self._session_value(), httponly=True, samesite="strict",
                         secure=request.url.scheme == "https")

@@ -48,9 +48,8 @@ def tube_rows(lp: MutationLoop, names: list[str]) -> list[dict[str, Any]]:
         if t is None:
             continue
         row: dict[str, Any] = {}
-        for key, value in tube_stats(t, now):
+        for key, value in tube_stats(t, now) + dispatch.tube_stats_extended(lp, name):
             row[key] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-        row["puts-refused"] = lp.tube_counters.get(name, {}).get("puts-refused", 0)
         top = st.peek_ready(name) if t.ready_n else None
         row["next-ready-age"] = (now - top.created) // NS if top is not None else None
         rows.append(row)

@@ -15,8 +15,8 @@ class Put:
     delay: int  # seconds
     ttr: int  # seconds, at least 1
     body: bytes
-    # smallstalk's extension: `put <pri> <delay> <ttr> <bytes> <max-age>`, seconds
-    # until the job expires (0 = only the tube's max-age applies).
+    # smallstalk's `put-expiring <pri> <delay> <ttr> <max-age> <bytes>`: seconds
+    # until the job expires (0 = a plain put: only the tube's max-age applies).
     max_age: int = 0
 
 
@@ -209,6 +209,18 @@ class Auth:
 
 
 @attrs.frozen(slots=True)
+class ExtStats:
+    """`ext-stats`: smallstalk's own server statistics (YAML, like `stats`)."""
+
+
+@attrs.frozen(slots=True)
+class ExtStatsTube:
+    """`ext-stats-tube <tube>`: smallstalk's own statistics of a tube."""
+
+    tube: str
+
+
+@attrs.frozen(slots=True)
 class ErrorReply:
     """Malformed input: answer `reply` and go on with the next command.
 
@@ -225,6 +237,7 @@ Command = (
     | PeekReady | PeekDelayed | PeekBuried | Kick | KickJob | StatsJob | StatsTube | Stats
     | ListTubes | ListTubeUsed | ListTubesWatched | PauseTube | Quit | Replicate | ReplicaAck
     | PromoteReplica | DeleteTube | ConfigDump | ReloadConfig | Auth | ListJobs | FlushTube
+    | ExtStats | ExtStatsTube
 )
 Event = Command | ErrorReply
 
@@ -233,16 +246,18 @@ PEEK_READY, PEEK_DELAYED, PEEK_BURIED = PeekReady(), PeekDelayed(), PeekBuried()
 STATS, LIST_TUBES, LIST_TUBE_USED, LIST_TUBES_WATCHED = (
     Stats(), ListTubes(), ListTubeUsed(), ListTubesWatched())
 QUIT, RESERVE, PROMOTE = Quit(), Reserve(None), PromoteReplica()
-CONFIG, RELOAD_CONFIG = ConfigDump(), ReloadConfig()
+CONFIG, RELOAD_CONFIG, EXT_STATS = ConfigDump(), ReloadConfig(), ExtStats()
 
 
 def render(cmd: Command) -> bytes:
     """A command as a client sends it (the inverse of parsing)."""
     t = type(cmd)
     if t is Put:
-        age = b" %d" % cmd.max_age if cmd.max_age else b""
-        return b"put %d %d %d %d%s\r\n%s\r\n" % (
-            cmd.pri, cmd.delay, cmd.ttr, len(cmd.body), age, cmd.body)
+        if cmd.max_age:
+            return b"put-expiring %d %d %d %d %d\r\n%s\r\n" % (
+                cmd.pri, cmd.delay, cmd.ttr, cmd.max_age, len(cmd.body), cmd.body)
+        return b"put %d %d %d %d\r\n%s\r\n" % (
+            cmd.pri, cmd.delay, cmd.ttr, len(cmd.body), cmd.body)
     if t is Reserve:
         if cmd.timeout is None:
             return b"reserve\r\n"
@@ -274,6 +289,10 @@ def render(cmd: Command) -> bytes:
         return b"reload-config\r\n"
     if t is Auth:
         return b"auth %s\r\n" % cmd.token.encode()
+    if t is ExtStats:
+        return b"ext-stats\r\n"
+    if t is ExtStatsTube:
+        return b"ext-stats-tube %s\r\n" % cmd.tube.encode()
     name = _NAMES[t]
     if t in _ID_COMMANDS:
         return b"%s %d\r\n" % (name, cmd.id)

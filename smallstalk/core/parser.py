@@ -33,6 +33,7 @@ import attrs
 
 from smallstalk.core.commands import (
     CONFIG,
+    EXT_STATS,
     LIST_JOBS_MAX,
     LIST_JOBS_STATES,
     LIST_TUBE_USED,
@@ -46,12 +47,14 @@ from smallstalk.core.commands import (
     RELOAD_CONFIG,
     RESERVE,
     STATS,
+    Auth,
     Bury,
     Command,
     Delete,
     DeleteTube,
     ErrorReply,
     Event,
+    ExtStatsTube,
     FlushTube,
     Ignore,
     Kick,
@@ -106,7 +109,6 @@ class _BadCounted(_Bad):
 
 _UINT = re.compile(rb" *([0-9]+)")
 _PUT = re.compile(rb"put +([0-9]+) +([0-9]+) +([0-9]+) +([0-9]+)")
-_MAX_AGE = re.compile(rb" +([0-9]+)")
 # The everyday put, whole line and CRLF, matched in the input buffer itself:
 # digits and single spaces hold no CR, so beanstalkd's line rules agree when
 # the line fits its window. Anything else takes the general path.
@@ -250,6 +252,24 @@ def _p_replicate(rest: bytes) -> Command:
     return Replicate(int(parts[0]), "" if history == "-" else history, int(parts[2]))
 
 
+def _p_put_expiring(line: bytes, max_job_size: int) -> _PutHeader:
+    """`put-expiring <pri> <delay> <ttr> <max-age> <bytes>`: a put whose job expires."""
+    pri, pos = _read_uint(line, len(b"put-expiring "), U32_MAX, False)
+    delay, pos = _read_uint(line, pos, U32_MAX, False)
+    ttr, pos = _read_uint(line, pos, U32_MAX, False)
+    max_age, pos = _read_uint(line, pos, U32_MAX, False)
+    size, _ = _read_uint(line, pos, U32_MAX, True)
+    if size > max_job_size:
+        return _PutHeader(pri, delay, ttr, -size)  # skip the body
+    return _PutHeader(pri, delay, max(ttr, 1), size, max_age)
+
+
+def _p_auth(rest: bytes) -> Command:
+    if not rest or not all(0x21 <= b <= 0x7E for b in rest):
+        raise _Bad
+    return Auth(rest.decode("ascii"))
+
+
 # (prefix, parser or constant), in beanstalkd's matching order. Entries whose
 # prefix carries no trailing space must match the whole line exactly.
 _TABLE: list[tuple[bytes, object]] = [
@@ -332,16 +352,9 @@ def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHea
             size, pos = _read_uint(line, pos, U32_MAX, False)
             if size > max_job_size:
                 return _PutHeader(pri, delay, ttr, -size)  # skip the body
-            max_age = 0
             if pos != len(line):
-                # smallstalk's fifth argument: the job's max age in seconds.
-                m = _MAX_AGE.fullmatch(line, pos)
-                if m is None:
-                    return ErrorReply(BAD_FORMAT, Put)
-                max_age = int(m.group(1))
-                if max_age > U32_MAX:
-                    return ErrorReply(BAD_FORMAT, Put)
-            return _PutHeader(pri, delay, max(ttr, 1), size, max_age)
+                return ErrorReply(BAD_FORMAT, Put)
+            return _PutHeader(pri, delay, max(ttr, 1), size)
         for prefix, what in _TABLE:
             if line.startswith(prefix):
                 if callable(what):
@@ -349,6 +362,8 @@ def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHea
                 return ErrorReply(BAD_FORMAT)  # trailing garbage after a bare command
         if line.startswith(b"quit"):
             return QUIT
+        if line.startswith(b"put-expiring "):
+            return _p_put_expiring(line, max_job_size)
         if line.startswith(b"pause-tube"):
             return _p_pause_tube(line[len(b"pause-tube"):])
         if line.startswith(b"replicate "):
@@ -367,6 +382,12 @@ def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHea
             return CONFIG
         if line == b"reload-config":
             return RELOAD_CONFIG
+        if line.startswith(b"auth "):
+            return _p_auth(line[len(b"auth "):])
+        if line == b"ext-stats":
+            return EXT_STATS
+        if line.startswith(b"ext-stats-tube "):
+            return ExtStatsTube(_tube(line[len(b"ext-stats-tube "):]))
     except _BadCounted as e:
         return ErrorReply(BAD_FORMAT, e.counted_as)
     except _Bad:

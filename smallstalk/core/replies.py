@@ -39,6 +39,7 @@ OK_WORD = b"OK"
 PROMOTED_WORD = b"PROMOTED"
 REPLICATING_WORD = b"REPLICATING"
 FULLRESYNC_WORD = b"FULLRESYNC"
+UNAUTHORIZED_WORD = b"UNAUTHORIZED"
 
 
 def inserted(job_id: int) -> bytes:
@@ -116,6 +117,14 @@ def promoted(epoch: int) -> bytes:
 def not_reloaded(why: str) -> bytes:
     """`reload-config` failed: the reason on one line."""
     return b"NOT_RELOADED %s\r\n" % " ".join(why.split()).encode("utf-8", "replace")
+
+
+def not_admin_address(peer: str) -> bytes:
+    """An admin command from a peer that --admin-allow does not name, on a
+    server without a token: the first word stays UNAUTHORIZED, the rest says what to do."""
+    return (b"%s admin commands from %s need a token: start the server with "
+            b"--admin-token-file FILE and send auth first, or add the address to "
+            b"--admin-allow\r\n" % (UNAUTHORIZED_WORD, peer.encode("ascii", "replace")))
 
 
 def refused(why: bytes) -> bytes:

@@ -31,7 +31,13 @@ def tube_stats(t: Tube, now: int) -> list[tuple[str, object]]:
         ("cmd-delete", t.cmd_delete), ("cmd-pause-tube", t.cmd_pause),
         ("pause", t.pause // NS if paused else 0),
         ("pause-time-left", secs(t.unpause_at - now) if paused else 0),
-        # smallstalk's own, after beanstalkd's keys:
+    ]
+
+
+def tube_stats_ext(t: Tube) -> list[tuple[str, object]]:
+    """smallstalk's own keys of a tube (not in `stats-tube`: beanstalkd clients
+    compare that reply whole)."""
+    return [
         ("jobs-expired", t.expired_n), ("jobs-discarded", t.discarded_n),
         ("current-bytes", t.bytes_n), ("bytes-in-memory", t.bytes_n - t.spilled_n),
         ("bytes-on-disk", t.spilled_n),

@@ -115,8 +115,8 @@ def _close(files: list[_Source]) -> None:
 
 def _copy(snap: _Source | None, segments: list[_Source], dest: Path, link: bool) -> Backup:
     dest_aof, dest_snaps = datadir.paths(dest)
-    dest_aof.mkdir(parents=True, exist_ok=True)
-    dest_snaps.mkdir(parents=True, exist_ok=True)
+    aof.make_dirs(dest_aof)  # DEST and any parent it needs, each durable in its own parent
+    aof.make_dirs(dest_snaps)
     linked = 0
     if snap is not None:
         linked += _link_or_copy(snap, dest_snaps / snap.path.name, link)

@@ -15,12 +15,13 @@ import sys
 from pathlib import Path
 from typing import IO
 
+from smallstalk.client.security import token_for_tool
 from smallstalk.config import read_file
 from smallstalk.core import protocol
 from smallstalk.server.policy import ConfigError, render
 
 USAGE = """\
-usage: smallstalk config dump [--config FILE | --server HOST:PORT]
+usage: smallstalk config dump [--config FILE | --server HOST:PORT [--token-file FILE]]
 
 Print the effective per-tube settings (limits, max-age, expire-to, fanout,
 memory budget) of the tube `default` and every configured tube, as YAML.
@@ -30,6 +31,9 @@ memory budget) of the tube `default` and every configured tube, as YAML.
   --server HOST:PORT  ask a running server (`config` command); it also lists
                       every tube that exists there. HOST:PORT may be unix:PATH.
                       The default is --server 127.0.0.1:11300.
+  --token-file FILE   the admin token to send first (`auth`), for a server
+                      started with --admin-token-file; without it, the token
+                      in $SMALLSTALK_TOKEN if set (docs/SECURITY.md)
 """
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -59,6 +63,7 @@ def main(argv: list[str], stdout: IO[str] | None = None, stderr: IO[str] | None 
     where = p.add_mutually_exclusive_group()
     where.add_argument("--config", type=Path)
     where.add_argument("--server")
+    p.add_argument("--token-file", type=Path)
     try:
         args = p.parse_args(argv[1:])
     except _Usage as e:
@@ -77,7 +82,8 @@ def main(argv: list[str], stdout: IO[str] | None = None, stderr: IO[str] | None 
         return EXIT_OK
     server = args.server or "127.0.0.1:11300"
     try:
-        body = ask_server(server, protocol.render(protocol.CONFIG))
+        token = token_for_tool(args.token_file)
+        body = ask_server(server, protocol.render(protocol.CONFIG), token)
     except _Usage as e:
         err.write(f"smallstalk config dump: {e} (see `smallstalk config -h`)\n")
         return EXIT_USAGE
@@ -89,6 +95,17 @@ def main(argv: list[str], stdout: IO[str] | None = None, stderr: IO[str] | None 
         return EXIT_ERROR
     out.write(body.decode(errors="replace"))
     return EXIT_OK
+
+
+def _line(sock: socket.socket, buf: bytes) -> tuple[bytes, bytes]:
+    """The next reply line (without CRLF) and what came after it."""
+    while b"\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ValueError("connection closed before a reply")
+        buf += chunk
+    line, _, rest = buf.partition(b"\r\n")
+    return line, rest
 
 
 def _connect(server: str) -> socket.socket:
@@ -107,20 +124,23 @@ def _connect(server: str) -> socket.socket:
     return socket.create_connection((host.strip("[]"), int(port)), timeout=30)
 
 
-def ask_server(server: str, command: bytes) -> bytes:
-    """Send a command answered `OK <bytes>\\r\\n<data>\\r\\n`; the data.
+def ask_server(server: str, command: bytes, token: str | None = None) -> bytes:
+    """Send a command answered `OK <bytes>\\r\\n<data>\\r\\n` (after `auth <token>`
+    when a token is given); the data.
 
     Any other reply raises ValueError with the reply's text.
     """
     with _connect(server) as sock:
+        if token is not None:
+            command = protocol.render(protocol.Auth(token)) + command
         sock.sendall(command)
         buf = b""
-        while b"\r\n" not in buf:
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise ValueError("connection closed before a reply")
-            buf += chunk
-        line, _, rest = buf.partition(b"\r\n")
+        line, rest = _line(sock, buf)
+        if token is not None:
+            if line + b"\r\n" != protocol.OK:
+                raise ValueError(f"the server refused the admin token: "
+                                 f"{line.decode(errors='replace')}")
+            line, rest = _line(sock, rest)
         word, _, size = line.partition(b" ")
         if word != protocol.OK_WORD or not size.isdigit():
             text = line.decode(errors="replace")

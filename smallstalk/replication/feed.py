@@ -141,6 +141,8 @@ def start_feed(lp: MutationLoop, s: Session, cmd: p.Replicate):
     needed = [path for i, (first, path) in enumerate(segments)
               if first <= upto and (i + 1 == len(segments) or segments[i + 1][0] > after + 1)]
     feed = Feed(s.id, line, after, upto, snapshot, needed)
+    if not continues:
+        feed.acked = 0  # it has nothing of ours until it acknowledges the snapshot
     lp.feeds[s.id] = feed
     s.feed = feed
     s.deliver(feed, False, False)  # the connection streams it from now on

@@ -1,10 +1,11 @@
 """The replica's side: follow a primary's record feed into our own AOF and state.
 
-`serve --replica-of HOST:PORT` runs a `Follower`: it connects to the primary,
-asks for the records after its own last sequence number and history (see
-replication.py), writes them to its own AOF with the primary's sequence numbers
-and applies them through its own mutation loop, so its data directory is a
-valid smallstalk data directory at all times. It acknowledges each batch once
+`serve --replica-of HOST:PORT` runs a `Follower`: it connects to the primary
+(over TLS with --replica-tls-*, server/tls.py), asks for the records after
+its own last sequence number and history (see feed.py), writes them to its
+own AOF with the primary's sequence numbers and applies them through its own
+mutation loop, so its data directory is a valid smallstalk data directory at
+all times. It acknowledges each batch once
 it is on disk. A record already applied is skipped, a gap breaks the
 connection; after any break it reconnects with back-off and resumes from
 what it has. Clients may read (peek, stats, list) but not change anything.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 from pathlib import Path
 
 import cbor2
@@ -26,6 +28,7 @@ import trio
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import NS, State
+from smallstalk.server import tls
 from smallstalk.storage import aof, datadir, snapshot
 from smallstalk.storage.aof import CorruptionError
 
@@ -76,9 +79,12 @@ class FrameReader:
 
 
 class Follower:
-    def __init__(self, lp, host: str, port: int):
+    def __init__(self, lp, host: str, port: int, ssl_context: ssl.SSLContext | None = None,
+                 token: str | None = None):
         self.lp = lp
         self.host, self.port = host, port
+        self.ssl_context = ssl_context  # None: plaintext; else the primary's TLS port
+        self.token = token  # sent with `auth` first (docs/SECURITY.md)
         self.connected = False
         self.primary_seq = 0
         self.primary_time = 0
@@ -117,11 +123,22 @@ class Follower:
 
     async def _follow(self) -> None:
         lp = self.lp
-        stream = await trio.open_tcp_stream(self.host, self.port)
+        if self.ssl_context is None:
+            stream = await trio.open_tcp_stream(self.host, self.port)
+        else:  # the primary's certificate is checked against the CA and the host name
+            stream = await tls.connect(self.host, self.port, self.ssl_context)
         async with stream:
             epoch, history = lp.state.epoch
-            await stream.send_all(p.render(p.Replicate(epoch, history, lp.state.last_seq)))
             reader = FrameReader(stream)
+            if self.token is not None:
+                # Answered before `replicate` is sent: a feed owns its connection
+                # from its first line on, so no reply may be pending behind it.
+                await stream.send_all(p.render(p.Auth(self.token)))
+                line = await reader.line()
+                if line + b"\r\n" != p.OK:
+                    raise FeedError(f"the primary refused our admin token: "
+                                    f"{line.decode(errors='replace')}")
+            await stream.send_all(p.render(p.Replicate(epoch, history, lp.state.last_seq)))
             line = await reader.line()
             words = line.split()
             if not words or words[0] not in (p.REPLICATING_WORD, p.FULLRESYNC_WORD):
@@ -136,9 +153,13 @@ class Follower:
                 finally:
                     tmp.unlink(missing_ok=True)
                 log.info("full resync from snapshot at seq %d", snap_seq)
+                # On our disk now: the primary may answer the changes it covers, even
+                # when no record follows it.
+                await stream.send_all(p.render(p.ReplicaAck(snap_seq)))
             self.connected = True
             self.last_error = None
-            log.info("following %s:%d from seq %d", self.host, self.port, lp.state.last_seq)
+            log.info("following %s:%d%s from seq %d", self.host, self.port,
+                     " over TLS" if self.ssl_context else "", lp.state.last_seq)
             while True:
                 batch = []
                 payloads, leftover = leftover or await reader.frames(), []

@@ -92,6 +92,7 @@ class GroupCommit:
         self.min_replica_acks = min_replica_acks
         self.replica_ack_timeout = replica_ack_timeout
         self.failed_until = 0.0  # trio time until which the AOF takes no records
+        self.stale = False  # the state could not be read back after a failure: no records
         self.parked: deque[Parked] = deque()
         self.unsynced: deque[Unsynced] = deque()  # turns waiting for the fsync thread
         # Per-session reply needs (Session.need), kept under --fsync always only.
@@ -122,8 +123,10 @@ class GroupCommit:
             self.must_sync = rec.seq
             if self.track_needs:
                 self._track(rec, kind)
-        if self.feeds:
-            self.turn_payloads.append((rec.seq, payload))
+        # Kept with or without feeds: a replica that joins later in this turn, or
+        # before this turn's fsync, starts from the durable seq and gets the
+        # rest from these pushes (skipping them left a gap in its feed).
+        self.turn_payloads.append((rec.seq, payload))
         if kind in PUTS and self.lp.bodies is not None:
             path, end = self.journal.appended_at()
             self.turn_puts.append((rec, path, end - len(rec.body)))
@@ -407,6 +410,14 @@ class GroupCommit:
                 deliver((s, errors, [False] * len(out), done, closing))
         self._reload_state()
 
+    def reload_if_stale(self) -> bool:
+        """Before a record after a failed read-back: read the state back now. False: still failing."""
+        if self.stale:
+            self._reload_state()
+            if self.stale:
+                self.failed_until = trio.current_time() + RETRY_AFTER_FAILURE
+        return not self.stale
+
     def _reload_state(self) -> None:
         """Back to exactly what the data directory holds, after a disk error."""
         from smallstalk.storage.recovery import (
@@ -416,7 +427,17 @@ class GroupCommit:
         lp = self.lp
         old = lp.bodies
         lp.bodies = old.fresh() if old is not None else None
-        lp.state = recover(lp.data_dir, repair=False, bodies=lp.bodies).state
+        try:
+            lp.state = recover(lp.data_dir, repair=False, bodies=lp.bodies).state
+        except OSError as e:
+            # The disk cannot be read either: no records until it can (reload_if_stale).
+            log.error("could not read the state back after a disk error: %s", e)
+            if lp.bodies is not None:
+                lp.bodies.close()
+            lp.bodies = old
+            self.stale = True
+            return
+        self.stale = False
         if old is not None:
             old.close()  # the references of the state we dropped
         # What was staged and not acknowledged is gone, and its seqs come again.

@@ -54,6 +54,7 @@ import trio
 
 from smallstalk.core.protocol import Parser
 from smallstalk.server import poller as poller_mod
+from smallstalk.server import tls
 from smallstalk.server.loop import MutationLoop
 from smallstalk.server.poller import Poller
 from smallstalk.server.session import sent
@@ -119,7 +120,7 @@ class _Connection:
         self.woken = False
         self.room = None  # the streamed path's reader waits on it for the backlog to shrink
         self.slow_logged = False
-        self.session = lp.open_session(self.deliver)
+        self.session = lp.open_session(self.deliver, *peer_of(sock if sock is not None else stream))
 
     # --- called by the loop (synchronously, at the end of a turn) -----------------
 
@@ -331,6 +332,23 @@ def _addr(peer) -> str:
     return str(peer) or "unix socket"
 
 
+def peer_of(stream) -> tuple[str | None, str]:
+    """(peer address, transport) of a connection (a stream or a trio socket), for the
+    admin check (server/admin.py)."""
+    sock = stream if hasattr(stream, "family") else getattr(stream, "socket", None)
+    if sock is None:  # a stream wrapping another (TLS)
+        inner = getattr(stream, "transport_stream", None)
+        sock = getattr(inner, "socket", None)
+    if sock is None:  # not a socket we know: trusted with nothing
+        return None, "unknown"
+    if sock.family == stdsocket.AF_UNIX:
+        return None, "unix"
+    try:
+        return sock.getpeername()[0], "tcp"
+    except OSError:  # already gone: trusted with nothing
+        return "?", "tcp"
+
+
 async def serve_connection(lp: MutationLoop, stream: trio.abc.Stream, max_job_size: int,
                            poller: Poller | None = None) -> None:
     """Serve one connection given as a stream (two tasks; a SocketStream
@@ -383,20 +401,23 @@ class Gate:
 
 
 async def serve_listeners(lp: MutationLoop, listeners, max_job_size: int,
+                          handshake_timeout: float = tls.HANDSHAKE_TIMEOUT,
                           max_connections: int = 0) -> None:
-    """Accept on every listener and serve each connection (0: the default limit)."""
+    """Accept on every listener and serve each connection (max_connections 0: the
+    default limit); a TLS listener's clients shake hands first (tls.py)."""
     poller = Poller() if poller_mod.available() else None
     gate = Gate(max_connections or default_max_connections())
     async with trio.open_nursery() as nursery:
         if poller is not None:
             nursery.start_soon(poller.run)
         for listener in listeners:
-            nursery.start_soon(_accept, lp, listener.socket, max_job_size, poller, gate,
-                               nursery)
+            nursery.start_soon(_accept, lp, listener, max_job_size, poller, gate,
+                               handshake_timeout, nursery)
 
 
-async def _accept(lp: MutationLoop, lsock, max_job_size: int, poller: Poller | None,
-                  gate: Gate, nursery: trio.Nursery) -> None:
+async def _accept(lp: MutationLoop, listener, max_job_size: int, poller: Poller | None,
+                  gate: Gate, handshake_timeout: float, nursery: trio.Nursery) -> None:
+    lsock = listener.socket
     logged_at = -1.0
     while True:
         try:
@@ -423,7 +444,10 @@ async def _accept(lp: MutationLoop, lsock, max_job_size: int, poller: Poller | N
             except OSError:
                 pass
         gate.open += 1
-        if poller is not None:
+        if isinstance(listener, tls.Listener):
+            nursery.start_soon(_serve_tls, lp, listener.stream(sock), max_job_size,
+                               handshake_timeout, gate)
+        elif poller is not None:
             nursery.start_soon(_Connection(lp, sock, None, max_job_size, poller).serve_polled,
                                gate)
         else:
@@ -433,6 +457,17 @@ async def _accept(lp: MutationLoop, lsock, max_job_size: int, poller: Poller | N
 async def _serve_streamed(lp: MutationLoop, sock, max_job_size: int, gate: Gate) -> None:
     try:
         await serve_connection(lp, trio.SocketStream(sock), max_job_size, None)
+    finally:
+        gate.open -= 1
+
+
+async def _serve_tls(lp: MutationLoop, stream: trio.SSLStream, max_job_size: int,
+                     handshake_timeout: float, gate: Gate) -> None:
+    """A TLS client: its handshake within the timeout, then its own task reads it
+    (an SSLStream has no fd for the poller); it counts from its accept."""
+    try:
+        if await tls.handshake(stream, handshake_timeout):
+            await serve_connection(lp, stream, max_job_size, None)
     finally:
         gate.open -= 1
 

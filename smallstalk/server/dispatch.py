@@ -10,6 +10,7 @@ record that `loop.log(...)` stages in the AOF and then applies.
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 from typing import TYPE_CHECKING
@@ -18,7 +19,8 @@ from smallstalk import __version__
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import BURIED, DELAYED, NS, READY, RESERVED, State, body_len
-from smallstalk.core.stats import job_stats, tube_stats
+from smallstalk.core.stats import job_stats, tube_stats, tube_stats_ext
+from smallstalk.server.admin import AUTH_FAIL_DELAY, token_matches
 from smallstalk.server.policy import TubePolicy, render
 from smallstalk.server.session import OUT_BOUND
 
@@ -26,6 +28,8 @@ if TYPE_CHECKING:
     from smallstalk.server.loop import MutationLoop
     from smallstalk.server.session import Session
     from smallstalk.storage.journal import Journal
+
+log = logging.getLogger("smallstalk.server.dispatch")
 
 BLOCK = object()  # the reserve waits; the loop answers it later
 CLOSE = object()  # quit: answer nothing more and close
@@ -258,15 +262,37 @@ def stats_tube(lp: MutationLoop, s: Session, cmd: p.StatsTube):
     tube = lp.state.tubes.get(cmd.tube)
     if tube is None:
         return p.NOT_FOUND
-    counters = lp.tube_counters.get(cmd.tube, {})
-    extra = [("puts-refused", counters.get("puts-refused", 0)),
-             ("fanout-tubes", len(lp.state.fanout.get(cmd.tube, ())))]
-    return p.yaml_dict(tube_stats(tube, lp.now) + extra)
+    pairs = tube_stats(tube, lp.now)
+    if lp.extended_stats:
+        pairs += tube_stats_extended(lp, cmd.tube)
+    return p.yaml_dict(pairs)
+
+
+def tube_stats_extended(lp: MutationLoop, name: str) -> list[tuple[str, object]]:
+    """smallstalk's own keys of a tube (`ext-stats-tube`; `stats-tube` too
+    under --extended-stats); the tube exists."""
+    counters = lp.tube_counters.get(name, {})
+    return tube_stats_ext(lp.state.tubes[name]) + [
+        ("puts-refused", counters.get("puts-refused", 0)),
+        ("fanout-tubes", len(lp.state.fanout.get(name, ())))]
 
 
 def stats(lp: MutationLoop, s: Session, cmd: p.Stats):
     lp.count("cmd-stats")
-    return p.yaml_dict(server_stats(lp))
+    pairs = beanstalkd_stats(lp)
+    if lp.extended_stats:
+        pairs += extended_stats(lp)
+    return p.yaml_dict(pairs)
+
+
+def ext_stats(lp: MutationLoop, s: Session, cmd: p.ExtStats):
+    return p.yaml_dict(extended_stats(lp))
+
+
+def ext_stats_tube(lp: MutationLoop, s: Session, cmd: p.ExtStatsTube):
+    if cmd.tube not in lp.state.tubes:
+        return p.NOT_FOUND
+    return p.yaml_dict(tube_stats_extended(lp, cmd.tube))
 
 
 def list_tubes(lp: MutationLoop, s: Session, cmd: p.ListTubes):
@@ -356,6 +382,18 @@ def reload_config(lp: MutationLoop, s: Session, cmd: p.ReloadConfig):
     return p.not_reloaded(err)
 
 
+def auth(lp: MutationLoop, s: Session, cmd: p.Auth):
+    token = lp.admin.token
+    if token is not None and token_matches(cmd.token, token):
+        s.admin = True
+        return p.OK
+    # Never the token itself in the log: it may be the real one mistyped.
+    log.warning("auth failed: wrong admin token from %s (%s)%s", s.peer or "-", s.transport,
+                "" if token is not None else ": this server has no --admin-token-file")
+    lp.park(s, p.UNAUTHORIZED, AUTH_FAIL_DELAY)
+    return NOREPLY
+
+
 def error(lp: MutationLoop, s: Session, ev: p.ErrorReply):
     if ev.counted_as is p.Put:
         lp.count("cmd-put")
@@ -378,7 +416,8 @@ HANDLERS = {
     p.PauseTube: pause_tube, p.Quit: quit_, p.ErrorReply: error, p.Replicate: replicate,
     p.ReplicaAck: replica_ack, p.PromoteReplica: promote, p.DeleteTube: delete_tube,
     p.ConfigDump: config, p.ReloadConfig: reload_config, p.ListJobs: list_jobs,
-    p.FlushTube: flush_tube,
+    p.FlushTube: flush_tube, p.Auth: auth, p.ExtStats: ext_stats,
+    p.ExtStatsTube: ext_stats_tube,
 }
 
 # Refused on a replica (READ_ONLY): they change the queue or need a record.
@@ -387,9 +426,26 @@ MUTATING = frozenset({
     p.KickJob, p.PauseTube, p.Watch, p.Ignore, p.DeleteTube, p.FlushTube,
 })
 
-# Commands that will need the admin token once one is configured (the
-# security work reads this set); the console's writes use them too.
-ADMIN = frozenset({p.FlushTube})
+# The admin commands: with --admin-token-file they need `auth` first; without
+# one, a unix socket or an --admin-allow address (server/admin.py). Any admin
+# command added later goes here, and nowhere else.
+ADMIN = frozenset({
+    p.Replicate, p.PromoteReplica, p.ReloadConfig, p.ConfigDump, p.FlushTube,
+})
+
+
+def _admin_only(handler):
+    def guarded(lp: MutationLoop, s: Session, cmd):
+        if s.admin:
+            return handler(lp, s, cmd)
+        if lp.admin.token is not None:
+            return p.UNAUTHORIZED
+        return p.not_admin_address(s.peer or s.transport)
+    return guarded
+
+
+for _cmd in ADMIN:
+    HANDLERS[_cmd] = _admin_only(HANDLERS[_cmd])
 
 STATS_COUNTERS = (
     "cmd-put", "cmd-peek", "cmd-peek-ready", "cmd-peek-delayed", "cmd-peek-buried",
@@ -401,7 +457,13 @@ STATS_COUNTERS = (
 
 
 def server_stats(lp: MutationLoop) -> list[tuple[str, object]]:
-    """The `stats` dictionary, keys in beanstalkd's order, then smallstalk's own."""
+    """Every server statistic: beanstalkd's keys in its order, then smallstalk's own
+    (the console and /metrics read them all)."""
+    return beanstalkd_stats(lp) + extended_stats(lp)
+
+
+def beanstalkd_stats(lp: MutationLoop) -> list[tuple[str, object]]:
+    """`stats`: exactly beanstalkd 1.12's keys, in its order."""
     st = lp.state
     ru = resource.getrusage(resource.RUSAGE_SELF)
     uname = os.uname()
@@ -430,8 +492,14 @@ def server_stats(lp: MutationLoop) -> list[tuple[str, object]]:
         ("hostname", uname.nodename.encode()), ("os", uname.version.encode()),
         ("platform", uname.machine.encode()),
     ]
-    # smallstalk's own keys come after beanstalkd's, so existing clients still parse.
+    return out
+
+
+def extended_stats(lp: MutationLoop) -> list[tuple[str, object]]:
+    """smallstalk's own server keys (`ext-stats`; `stats` too under --extended-stats)."""
+    st = lp.state
     epoch, history = st.epoch
+    out: list[tuple[str, object]] = []
     out += [("smallstalk-version", __version__),
             ("role", lp.role.encode()), ("last-seq", st.last_seq), ("epoch", epoch),
             ("history", history or "-")]  # quoted: an all-digit id must stay a string
@@ -440,7 +508,8 @@ def server_stats(lp: MutationLoop) -> list[tuple[str, object]]:
             ("bytes-in-memory", st.body_bytes - st.spilled_bytes),
             ("bytes-on-disk", st.spilled_bytes),
             ("body-reads", bodies.reads if bodies is not None else 0),
-            ("current-connections-throttled", sum(1 for x in sessions if x.owed > OUT_BOUND)),
+            ("current-connections-throttled",
+             sum(1 for x in lp.sessions.values() if x.owed > OUT_BOUND)),
             ("connections-refused", lp.refused)]
     if lp.role == "replica" and lp.follower is not None:
         out += lp.follower.stats(st)
@@ -456,7 +525,10 @@ def _storage_info(j: Journal | None) -> dict:
     if j is None:  # beanstalkd shows its default file size even without -b
         return {"oldest": 0, "current": 0, "migrated": 0, "written": 0,
                 "max_size": 10 << 20}
-    closed = j.closed_segments()
+    try:
+        closed = j.closed_segments()
+    except OSError:  # the disk is failing: stats still answers, from memory
+        closed = []
     oldest = int(closed[0].stem) if closed else j.segment.first_seq
     return {
         "oldest": oldest, "current": j.segment.first_seq,

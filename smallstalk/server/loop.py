@@ -19,6 +19,7 @@ stamped on every record of the turn. See docs/ARCHITECTURE.md.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import os
@@ -34,6 +35,7 @@ from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import State
 from smallstalk.server import dispatch, timers
+from smallstalk.server.admin import AdminPolicy
 from smallstalk.server.commit import GroupCommit, Unavailable
 from smallstalk.server.policy import ConfigError, Policies, load_policies
 from smallstalk.server.session import OUT_BOUND, SLICE_BYTES, SLICE_COMMANDS, Session
@@ -58,6 +60,13 @@ class Replication(Protocol):
 
 def wall_clock() -> int:
     return time.time_ns()
+
+
+# A replica's own sessions take ids far above its primary's connection ids,
+# which arrive in the primary's records: sharing one would let a local
+# client's `use` or hang-up change (or release the reservations of) the
+# primary's connection in the replica's state.
+REPLICA_SESSIONS = 1 << 48
 
 
 class MutationLoop:
@@ -107,13 +116,22 @@ class MutationLoop:
         self.config_path: Path | None = None
         self.bodies = None  # the read-behind body store (bodies.py), when there is a budget
         self.commit = GroupCommit(self, journal, min_replica_acks, replica_ack_timeout)
+        self.admin = AdminPolicy()  # the admin token and addresses (cli.py sets them)
+        self.extended_stats = False  # --extended-stats: stats, stats-tube carry ours too
+        self.parked: list[tuple[float, int, Session, bytes]] = []  # heap: (due, id, s, reply)
 
     # --- the connection side (called from connection tasks) ----------------------
 
-    def open_session(self, deliver: Callable) -> Session:
+    def open_session(self, deliver: Callable, peer: str | None = None,
+                     transport: str = "local") -> Session:
+        """A new connection's session; `peer` and `transport` decide whether it
+        may run admin commands without `auth` (server/admin.py)."""
         sid = self._next_conn
-        self._next_conn += 1
-        s = Session(sid, deliver, self._resume_cb)
+        if self.role == "replica" and sid < REPLICA_SESSIONS:
+            sid = REPLICA_SESSIONS
+        self._next_conn = sid + 1
+        s = Session(sid, deliver, self._resume_cb, peer, transport)
+        s.admin = self.admin.trusts(peer, transport)
         self._send.send_nowait(("open", s))
         return s
 
@@ -183,7 +201,7 @@ class MutationLoop:
         j = self.journal
         if j is not None:
             c = self.commit
-            if c.failed_until and trio.current_time() < c.failed_until:
+            if c.failed_until and trio.current_time() < c.failed_until or not c.reload_if_stale():
                 raise Unavailable("the AOF failed recently")
             rec = cls(j.take_seq(), self.now, *fields)
             c.stage(rec)
@@ -198,6 +216,11 @@ class MutationLoop:
         """`log(r.Put, ...)` for the everyday put, without making the record:
         the same bytes staged, the same state change."""
         j = self.journal
+        if j is None and not self.read_only:
+            # In memory: nothing to stage; the state change `log` would make.
+            self._seq += 1
+            self.state.apply_put(self._seq, self.now, conn, job_id, tube, pri, delay, ttr, body)
+            return
         store = self.bodies
         c = self.commit
         if j is None or self.read_only or c.failed_until or (store is not None and (
@@ -214,8 +237,7 @@ class MutationLoop:
         if c.track_needs:
             c.put_ids.append(job_id)
             c.put_seqs.append(seq)
-        if self.feeds:
-            c.turn_payloads.append((seq, payload))
+        c.turn_payloads.append((seq, payload))  # also without feeds: see commit.stage
         self.state.apply_put(seq, now, conn, job_id, tube, pri, delay, ttr, body)
 
     def apply_replicated(self, records: list) -> None:
@@ -338,7 +360,7 @@ class MutationLoop:
                 self.volatile(r.Connect, s.id)
             elif kind == "eof":
                 s.halfclosed = True
-                if s.blocked:
+                if s.blocked and not s.parked:
                     self.answer_wait(s, p.TIMED_OUT)
             elif kind == "close":
                 self._close(s)
@@ -427,6 +449,23 @@ class MutationLoop:
         s.out.append(reply)
         s.out_mut.append(False)
         s.owed += len(reply)
+        self._run(s)
+
+    def park(self, s: Session, reply: bytes, seconds: float) -> None:
+        """Answer `s` with `reply` after `seconds` (timers.py), running nothing
+        of it meanwhile; the loop goes on with everyone else."""
+        s.blocked = s.parked = True
+        heapq.heappush(self.parked, (trio.current_time() + seconds, s.id, s, reply))
+
+    def unpark(self, s: Session, reply: bytes) -> None:
+        s.blocked = s.parked = False
+        if self.sessions.get(s.id) is not s:
+            return  # the connection closed meanwhile
+        must_sync = self.commit.must_sync
+        if must_sync > s.need:
+            s.need = must_sync
+        s.out.append(reply)
+        s.out_mut.append(False)
         self._run(s)
 
     def _close(self, s: Session) -> None:

@@ -15,7 +15,6 @@ dashed spelling: see `TUBE_KEYS` and docs/CONFIG.md.
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -182,6 +181,8 @@ def policies_from(doc: Mapping[str, Any], source: str = "config") -> Policies:
 
 
 def read_toml(path: Path) -> dict[str, Any]:
+    import tomllib  # only with a --config file: not on every server's start-up path
+
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)

@@ -24,10 +24,11 @@ class Session:
     __slots__ = (
         "id", "pending", "out", "out_mut", "blocked", "halfclosed", "closing", "producer",
         "worker", "deliver", "wait_deadline", "feed", "view_use", "inflight", "pending_bytes",
-        "need", "owed", "held", "resume",
+        "need", "owed", "held", "resume", "peer", "transport", "admin", "parked",
     )
 
-    def __init__(self, sid: int, deliver: Callable, resume: Callable):
+    def __init__(self, sid: int, deliver: Callable, resume: Callable,
+                 peer: str | None = None, transport: str = "local"):
         self.id = sid
         # Commands not run yet: a deque once any arrive (an empty deque costs
         # ~600 bytes, times every idle connection).
@@ -61,6 +62,13 @@ class Session:
         # Under --fsync always: the seq that must be durable before its replies
         # so far may go. Never goes down, so its replies leave in order.
         self.need = 0
+        # Who is at the other end: the peer's address (None on a unix socket or
+        # in-process), "tcp", "unix" or "local"; may it run admin commands
+        # (server/admin.py); `parked`: blocked until a timer answers (a failed auth).
+        self.peer = peer
+        self.transport = transport
+        self.admin = False
+        self.parked = False
 
 
 def sent(s: Session, n: int) -> None:

@@ -8,6 +8,7 @@ out, or to warn with DEADLINE_SOON. See docs/ARCHITECTURE.md.
 
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING
 
 import trio
@@ -26,6 +27,8 @@ def run(lp: MutationLoop) -> None:
     """Everything that happens because time passed, as records."""
     c = lp.commit
     c.expire_parked()
+    if lp.parked:
+        _unpark_due(lp)
     if lp.read_only or (c.failed_until and trio.current_time() < c.failed_until):
         return
     st = lp.state
@@ -50,6 +53,15 @@ def run(lp: MutationLoop) -> None:
     lp.grant_waiters()
 
 
+def _unpark_due(lp: MutationLoop) -> None:
+    """Answer the parked sessions whose time came (a failed `auth`)."""
+    now = trio.current_time()
+    parked = lp.parked
+    while parked and parked[0][0] <= now:
+        _, _, s, reply = heapq.heappop(parked)
+        lp.unpark(s, reply)
+
+
 def expiry_moves(st: State, policies: Policies, due: list[int],
                  now: int) -> list[tuple[int, str, int]]:
     """Where each expiring job goes (its tube's expire-to, "" = deleted)."""
@@ -69,6 +81,9 @@ def seconds_to_next_deadline(lp: MutationLoop) -> float | None:
     wait = _seconds_to_state_deadline(lp)
     left = lp.commit.seconds_to_deadline()  # parked replies, a lazy fsync
     if left is not None:
+        wait = left if wait is None else min(wait, left)
+    if lp.parked:
+        left = max(lp.parked[0][0] - trio.current_time(), 0.0)
         wait = left if wait is None else min(wait, left)
     return wait
 

@@ -216,52 +216,63 @@ async def run(journal, data_dir: Path, interval: float, max_closed: int = 4,
     Folds the closed segments every `interval` seconds, or as soon as
     `max_closed` of them have piled up (heavy churn), whichever comes first.
     `lp`: the mutation loop, whose spilled bodies are remapped after a fold.
+    A disk error in any step is logged (one line) and the attempt is retried
+    an interval later: the server serves on, and nothing is deleted after a
+    step failed.
     """
     last = trio.current_time()
     while True:
         with trio.move_on_after(max(interval - (trio.current_time() - last), 0)):
-            while len(journal.closed_segments()) < max_closed:
-                await journal.rotated.wait()
-        closed = journal.closed_segments()
-        if not closed:
-            last = trio.current_time()
-            continue
-        fixed = list(closed)  # exactly these are folded, whatever rotates meanwhile
-        started = time.monotonic()
-        try:
-            result = await trio.run_process(
-                [sys.executable, "-m", "smallstalk.storage.compactor", *child_args(lp),
-                 str(data_dir), *map(str, fixed)],
-                capture_stdout=True, capture_stderr=True, check=False)
-        except OSError:
-            log.exception("could not start the compactor")
-            await trio.sleep(interval)
-            continue
-        last = trio.current_time()
-        if result.returncode != 0:
-            log.error("compaction failed: %s", result.stderr.decode(errors="replace").strip())
-            await trio.sleep(interval)
-            continue
-        snap = Path(result.stdout.decode().strip())
-        try:
-            removed = remove_folded(data_dir, snap, keep)
-        except OSError:
-            log.exception("could not delete the segments folded into %s", snap.name)
-            await trio.sleep(interval)
-            continue
-        moved = 0
-        if lp is not None:
             try:
-                moved = await remap(lp, snap, fixed)
-            except Exception:  # the fds stay open: bodies stay readable, disk space is not freed
-                log.exception("could not move spilled bodies to %s", snap.name)
-        took = time.monotonic() - started
-        metrics = getattr(journal, "metrics", None)
-        if metrics is not None:
-            metrics.last_compaction = (time.time(), took)
-            metrics.compactions += 1
-        log.info("compacted %d segments into %s in %.2fs%s", removed, snap.name, took,
-                 f"; {moved} spilled bodies now read from it" if moved else "")
+                while len(journal.closed_segments()) < max_closed:
+                    await journal.rotated.wait()
+            except OSError:
+                pass  # the attempt lists the segments again, and logs the error
+        try:
+            done = await compact_once(journal, data_dir, keep, lp)
+        except OSError as e:
+            log.error("compaction failed: %s; retrying in %gs", e, interval)
+            done = False
+        last = trio.current_time()
+        if not done:
+            await trio.sleep(interval)
+
+
+async def compact_once(journal, data_dir: Path, keep=None, lp=None) -> bool:
+    """One attempt: fold the closed segments, delete them, remap bodies. False: it failed.
+
+    An OSError from listing, spawning, or deleting propagates; the caller logs it.
+    """
+    closed = journal.closed_segments()
+    if not closed:
+        return True
+    fixed = list(closed)  # exactly these are folded, whatever rotates meanwhile
+    started = time.monotonic()
+    result = await trio.run_process(
+        [sys.executable, "-m", "smallstalk.storage.compactor", *child_args(lp),
+         str(data_dir), *map(str, fixed)],
+        capture_stdout=True, capture_stderr=True, check=False)
+    if result.returncode != 0:
+        log.error("compaction failed: %s", result.stderr.decode(errors="replace").strip())
+        return False
+    snap = Path(result.stdout.decode().strip())
+    removed = remove_folded(data_dir, snap, keep)
+    moved = 0
+    if lp is not None:
+        try:
+            moved = await remap(lp, snap, fixed)
+        except OSError as e:  # the fds stay open: bodies stay readable, disk space is not freed
+            log.error("could not move spilled bodies to %s: %s", snap.name, e)
+        except Exception:
+            log.exception("could not move spilled bodies to %s", snap.name)
+    took = time.monotonic() - started
+    metrics = getattr(journal, "metrics", None)
+    if metrics is not None:
+        metrics.last_compaction = (time.time(), took)
+        metrics.compactions += 1
+    log.info("compacted %d segments into %s in %.2fs%s", removed, snap.name, took,
+             f"; {moved} spilled bodies now read from it" if moved else "")
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         print(fold(Path(args[0]), [Path(a) for a in args[1:]], max_memory))
-    except (CorruptionError, StateError, BodyError) as e:
+    except (CorruptionError, StateError, BodyError, OSError) as e:
         print(f"compaction stopped: {e}", file=sys.stderr)
         return 1
     return 0

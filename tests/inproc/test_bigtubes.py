@@ -1,5 +1,5 @@
 """Per-tube policy through the real mutation loop: limits, discard-old-when-full,
-expiry (tube max-age and the put's fifth argument) with dead-letter tubes, and
+expiry (tube max-age and put-expiring's max-age) with dead-letter tubes, and
 fanout tubes. In-process on trio's mock clock; every scenario that logs also
 checks that the data directory replays to exactly the live state.
 """
@@ -59,9 +59,9 @@ async def test_max_jobs_refuses_with_out_of_memory(lp, tmp_path, autojump_clock)
     assert await c.ask(b"put 0 0 10 1\r\nc\r\n") == p.OUT_OF_MEMORY
     assert await c.ask(b"delete 1\r\n") == b"DELETED\r\n"
     assert await c.ask(b"put 0 0 10 1\r\nc\r\n") == b"INSERTED 3\r\n"
-    st = await c.ask(b"stats-tube small\r\n")
+    st = await c.ask(b"ext-stats-tube small\r\n")
     assert stat(st, "puts-refused") == "2"
-    assert stat(st, "current-jobs-ready") == "2"
+    assert stat(await c.ask(b"stats-tube small\r\n"), "current-jobs-ready") == "2"
     # Other tubes are not limited.
     await c.ask(b"use other\r\n")
     for _ in range(5):
@@ -76,7 +76,7 @@ async def test_max_bytes_and_max_job_size(lp, tmp_path, autojump_clock) -> None:
     assert await c.ask(b"put 0 0 10 6\r\n123456\r\n") == b"INSERTED 1\r\n"
     assert await c.ask(b"put 0 0 10 5\r\n12345\r\n") == p.OUT_OF_MEMORY
     assert await c.ask(b"put 0 0 10 4\r\n1234\r\n") == b"INSERTED 2\r\n"
-    st = await c.ask(b"stats-tube default\r\n")
+    st = await c.ask(b"ext-stats-tube default\r\n")
     assert stat(st, "current-bytes") == "10"
     assert stat(st, "bytes-in-memory") == "10"
     assert stat(st, "bytes-on-disk") == "0"
@@ -96,9 +96,9 @@ async def test_discard_old_when_full_drops_oldest_ready(lp, tmp_path, autojump_c
     assert await c.ask(b"put 0 0 10 1\r\n4\r\n") == b"INSERTED 4\r\n"
     assert await c.ask(b"peek 2\r\n") == p.NOT_FOUND
     assert (await c.ask(b"peek 3\r\n")).startswith(b"FOUND 3")
-    st = await c.ask(b"stats-tube q\r\n")
+    st = await c.ask(b"ext-stats-tube q\r\n")
     assert stat(st, "jobs-discarded") == "1"
-    assert stat(st, "current-jobs-ready") == "2"
+    assert stat(await c.ask(b"stats-tube q\r\n"), "current-jobs-ready") == "2"
     # Priority does not protect an old job: arrival order decides.
     assert await c.ask(b"put 0 0 10 1\r\n5\r\n") == b"INSERTED 5\r\n"
     assert await c.ask(b"peek 3\r\n") == p.NOT_FOUND
@@ -129,7 +129,7 @@ async def test_tube_max_age_deletes_expired_jobs(lp, tmp_path, autojump_clock) -
     await trio.sleep(30)
     assert await c.ask(b"peek 2\r\n") == p.NOT_FOUND
     assert stat(await c.ask(b"stats-tube default\r\n"), "current-jobs-ready") == "0"
-    st = await c.ask(b"stats-tube q\r\n")
+    st = await c.ask(b"ext-stats-tube q\r\n")
     assert stat(st, "jobs-expired") == "2"
     assert_replays(lp, tmp_path)
 
@@ -137,10 +137,10 @@ async def test_tube_max_age_deletes_expired_jobs(lp, tmp_path, autojump_clock) -
 async def test_put_max_age_argument_and_earlier_wins(lp, tmp_path, autojump_clock) -> None:
     lp.policies = policies(q=TubePolicy(max_age=100))
     c = Client(lp)
-    assert await c.ask(b"put 0 0 10 1 5\r\na\r\n") == b"INSERTED 1\r\n"
+    assert await c.ask(b"put-expiring 0 0 10 5 1\r\na\r\n") == b"INSERTED 1\r\n"
     await c.ask(b"use q\r\n")
-    assert await c.ask(b"put 0 0 10 1 500\r\nb\r\n") == b"INSERTED 2\r\n"
-    assert await c.ask(b"put 0 0 10 1 3\r\nc\r\n") == b"INSERTED 3\r\n"
+    assert await c.ask(b"put-expiring 0 0 10 500 1\r\nb\r\n") == b"INSERTED 2\r\n"
+    assert await c.ask(b"put-expiring 0 0 10 3 1\r\nc\r\n") == b"INSERTED 3\r\n"
     await trio.sleep(3.5)
     assert await c.ask(b"peek 3\r\n") == p.NOT_FOUND
     assert (await c.ask(b"peek 1\r\n")).startswith(b"FOUND 1")
@@ -154,7 +154,7 @@ async def test_put_max_age_argument_and_earlier_wins(lp, tmp_path, autojump_cloc
 
 async def test_reserved_and_buried_jobs_do_not_expire(lp, tmp_path, autojump_clock) -> None:
     c = Client(lp)
-    await c.ask(b"put 0 0 100 1 10\r\na\r\nput 0 0 100 1 10\r\nb\r\n")
+    await c.ask(b"put-expiring 0 0 100 10 1\r\na\r\nput-expiring 0 0 100 10 1\r\nb\r\n")
     assert (await c.ask(b"reserve\r\n")).startswith(b"RESERVED 1")
     assert (await c.ask(b"reserve\r\n")).startswith(b"RESERVED 2")
     assert await c.ask(b"bury 2 0\r\n") == b"BURIED\r\n"
@@ -166,7 +166,7 @@ async def test_reserved_and_buried_jobs_do_not_expire(lp, tmp_path, autojump_clo
     await trio.sleep(0.01)
     assert await c.ask(b"peek 1\r\n") == p.NOT_FOUND
     # A delayed job expires too, without waiting for its delay.
-    await c.ask(b"put 0 50 10 1 5\r\nd\r\n")
+    await c.ask(b"put-expiring 0 50 10 5 1\r\nd\r\n")
     await trio.sleep(6)
     assert await c.ask(b"peek 3\r\n") == p.NOT_FOUND
     assert_replays(lp, tmp_path)
@@ -187,7 +187,7 @@ async def test_expire_to_dead_letter_tube_keeps_id_and_stats(lp, tmp_path, autoj
     assert stat(job, "releases") == "1"
     assert stat(job, "pri") == "7"
     assert await c.ask(b"peek 1\r\n") == b"FOUND 1 5\r\nhello\r\n"
-    assert stat(await c.ask(b"stats-tube q\r\n"), "jobs-expired") == "1"
+    assert stat(await c.ask(b"ext-stats-tube q\r\n"), "jobs-expired") == "1"
     # A worker on the dead-letter tube gets it.
     await c.ask(b"watch q.dead\r\n")
     assert await c.ask(b"reserve\r\n") == b"RESERVED 1 5\r\nhello\r\n"
@@ -201,7 +201,7 @@ async def test_expiry_wakes_nobody_and_grants_nothing(lp, tmp_path, autojump_clo
     w, c = Client(lp), Client(lp)
     w.send(b"reserve-with-timeout 20\r\n")
     await trio.sleep(1)
-    await c.ask(b"put 0 30 10 1 10\r\nx\r\n")  # delayed past its own expiry
+    await c.ask(b"put-expiring 0 30 10 10 1\r\nx\r\n")  # delayed past its own expiry
     assert await w.recv() == p.TIMED_OUT
     assert await c.ask(b"peek 1\r\n") == p.NOT_FOUND
 
@@ -215,7 +215,7 @@ async def test_fanout_copies_every_put(lp, tmp_path, autojump_clock) -> None:
     assert await audit.ask(b"reserve\r\n") == b"RESERVED 2 2\r\nA1\r\n"
     assert await billing.ask(b"reserve\r\n") == b"RESERVED 3 2\r\nA1\r\n"
     assert (await prod.ask(b"stats-job 1\r\n")).count(b"tube: orders\n") == 1
-    assert stat(await prod.ask(b"stats-tube orders\r\n"), "fanout-tubes") == "2"
+    assert stat(await prod.ask(b"ext-stats-tube orders\r\n"), "fanout-tubes") == "2"
     # A put into a child does not copy anywhere.
     await prod.ask(b"use orders+audit\r\n")
     assert await prod.ask(b"put 0 0 10 1\r\nz\r\n") == b"INSERTED 4\r\n"
@@ -254,7 +254,7 @@ async def test_fanout_copy_into_full_child_is_skipped(lp, tmp_path, autojump_clo
     assert await c.ask(b"put 0 0 10 1\r\na\r\n") == b"INSERTED 1\r\n"  # copies 2 and 3
     assert await c.ask(b"put 0 0 10 1\r\nb\r\n") == b"INSERTED 4\r\n"  # p+small full: one copy
     assert stat(await c.ask(b"stats-tube p+small\r\n"), "current-jobs-ready") == "1"
-    assert stat(await c.ask(b"stats-tube p+small\r\n"), "puts-refused") == "1"
+    assert stat(await c.ask(b"ext-stats-tube p+small\r\n"), "puts-refused") == "1"
     assert stat(await c.ask(b"stats-tube p+big\r\n"), "current-jobs-ready") == "2"
     assert_replays(lp, tmp_path)
 

@@ -11,6 +11,7 @@ import trio
 import smallstalk
 from smallstalk.core import protocol as p
 from smallstalk.core import records
+from smallstalk.server.admin import AUTH_FAIL_DELAY, AdminPolicy
 from smallstalk.storage import aof
 from smallstalk.storage.recovery import recover
 
@@ -231,6 +232,29 @@ async def test_a_loop_without_replication_hooks_refuses_replicate_and_promote(
 
 
 async def test_stats_names_the_package_version(lp, autojump_clock) -> None:
-    reply = await Client(lp).ask(b"stats\r\n")
-    assert b'\nsmallstalk-version: "%s"\n' % smallstalk.__version__.encode() in reply
+    c = Client(lp)
+    reply = await c.ask(b"stats\r\n")
     assert b'\nversion: "1.12"\n' in reply  # the beanstalkd protocol clients see
+    assert b"smallstalk-version" not in reply  # beanstalkd's keys only, by default
+    ext = await c.ask(b"ext-stats\r\n")
+    assert b'\nsmallstalk-version: "%s"\n' % smallstalk.__version__.encode() in ext
+    lp.extended_stats = True  # --extended-stats: beanstalkd's keys, then ours
+    both = await c.ask(b"stats\r\n")
+    assert b"\nversion: " in both and both.index(b"\nplatform: ") < both.index(b"smallstalk-")
+
+
+async def test_auth_is_answered_late_and_gates_admin_commands(lp, autojump_clock) -> None:
+    lp.admin = AdminPolicy(token="s3cr3t")
+    lp.extended_stats = False
+    c = Client(lp)  # the harness's session is in-process ("local"): trusted anyway
+    assert await c.ask(b"config\r\n") != p.UNAUTHORIZED
+    s = lp.open_session(lambda *a: None, "10.0.0.9", "tcp")
+    assert not s.admin
+    start = trio.current_time()
+    out: list[bytes] = []
+    s.deliver = lambda blob, done, close: out.append(blob)
+    lp.submit(s, [p.Auth("wrong"), p.ReloadConfig(), p.Auth("s3cr3t"), p.ReloadConfig()])
+    while len(b"".join(out).split(b"\r\n")) < 5:
+        await trio.sleep(0.01)
+    assert trio.current_time() - start >= AUTH_FAIL_DELAY
+    assert b"".join(out).startswith(b"UNAUTHORIZED\r\nUNAUTHORIZED\r\nOK\r\nNOT_RELOADED")

@@ -86,11 +86,11 @@ async def test_spill_after_commit_and_bodies_come_back(nursery, tmp_path, autoju
     assert in_memory(st) <= 10_000
     assert st.spilled_bytes > 100_000
     st.check()
-    reply = await c.ask(b"stats\r\n")
+    reply = await c.ask(b"ext-stats\r\n")
     assert stat(reply, "max-memory") == "10000"
     assert int(stat(reply, "bytes-on-disk")) == st.spilled_bytes
     assert int(stat(reply, "bytes-in-memory")) == in_memory(st)
-    tube = await c.ask(b"stats-tube default\r\n")
+    tube = await c.ask(b"ext-stats-tube default\r\n")
     assert int(stat(tube, "bytes-on-disk")) == st.spilled_bytes
     for jid, body in jobs.items():
         assert await c.ask(b"peek %d\r\n" % jid) == p.found(jid, body)
@@ -100,7 +100,7 @@ async def test_spill_after_commit_and_bodies_come_back(nursery, tmp_path, autoju
         jid = int(reply.split()[1])
         assert reply == p.reserved(jid, jobs[jid])
         assert await c.ask(b"delete %d\r\n" % jid) == b"DELETED\r\n"
-    assert int(stat(await c.ask(b"stats\r\n"), "body-reads")) >= len(jobs)
+    assert int(stat(await c.ask(b"ext-stats\r\n"), "body-reads")) >= len(jobs)
     assert st.spilled_bytes == st.body_bytes == 0
     assert not lp.bodies.files, "no job refers to a file: every fd is closed"
 
@@ -149,7 +149,7 @@ async def test_per_tube_budget(nursery, tmp_path, autojump_clock) -> None:
     assert st.tubes["default"].spilled_n == 0, "no server budget: default keeps its bodies"
     t = st.tubes["big"]
     assert t.bytes_n - t.spilled_n <= 4000 < t.bytes_n
-    tube = await c.ask(b"stats-tube big\r\n")
+    tube = await c.ask(b"ext-stats-tube big\r\n")
     assert int(stat(tube, "bytes-on-disk")) == t.spilled_n
     for jid, body in {**small, **big}.items():
         assert await c.ask(b"peek %d\r\n" % jid) == p.found(jid, body)

@@ -1,6 +1,6 @@
 """smallstalk.client's TLS, admin token and address forms, against real server
-processes: TLS through a real `ssl` proxy (tests/tlsproxy.py) with trustme
-certificates, tokens against the real server's answer to `auth`."""
+processes: TLS on the server's own TLS port with trustme certificates, tokens
+against the real server's answer to `auth`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trustme
@@ -33,12 +34,13 @@ from ..support.procs import (
     REPO,
     Server,
     beanstalkd_path,
+    free_port,
     smallstalk_cmd,
     start_beanstalkd,
     start_smallstalk,
     wait_for_log,
 )
-from ..support.tlsproxy import TLSProxy, tls_proxy
+from ..support.tlscerts import Certs, make_certs
 
 CLIENT_KINDS = ["sync", "trio"]
 
@@ -50,10 +52,38 @@ def server(tmp_path_factory) -> Iterator[Server]:
     srv.stop()
 
 
-@pytest.fixture
-def proxy(server: Server) -> Iterator[TLSProxy]:
-    with tls_proxy(server.port) as px:
-        yield px
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@attrs.frozen
+class TLSServer:
+    server: Server
+    tls_port: int
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.tls_port}"
+
+    def connections(self) -> int:
+        """Connections served so far (a failed handshake never becomes one)."""
+        with Client(f"127.0.0.1:{self.server.port}") as c:
+            return c.stats().total_connections - 1  # not this one
+
+
+def start_tls(tmp: Path, certs: Certs, *, mutual: bool = False,
+              ports: tuple[int, int] | None = None) -> TLSServer:
+    port, tls_port = ports or (free_port(), free_port())
+    srv = start_smallstalk(tmp, *certs.server_flags(tls_port, mutual=mutual), port=port)
+    return TLSServer(srv, tls_port)
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory, certs: Certs) -> Iterator[TLSServer]:
+    ts = start_tls(tmp_path_factory.mktemp("tls"), certs)
+    yield ts
+    ts.server.stop()
 
 
 def run(kind: str, servers: Any, scenario, **kw: Any) -> Any:
@@ -88,57 +118,73 @@ async def put_reserve_delete(c: Any) -> bytes:
 
 
 @pytest.mark.parametrize("kind", CLIENT_KINDS)
-def test_put_and_reserve_over_tls(kind: str, proxy: TLSProxy) -> None:
-    addr = f"127.0.0.1:{proxy.port}"
-    assert run(kind, addr, put_reserve_delete, ssl_context=proxy.client_context()) == \
-        BODY
-    assert proxy.handshakes == 1 and proxy.refused == 0
+def test_put_and_reserve_over_tls(kind: str, tls_server: TLSServer, certs: Certs) -> None:
+    before = tls_server.connections()
+    assert run(kind, tls_server.addr, put_reserve_delete,
+               ssl_context=certs.client_context()) == BODY
+    assert tls_server.connections() == before + 2  # the client's, and the count's own
 
 
 @pytest.mark.parametrize("kind", CLIENT_KINDS)
-def test_tls_reconnects_after_the_connection_drops(kind: str, server: Server) -> None:
-    with tls_proxy(server.port) as first:
+def test_tls_reconnects_after_the_server_restarts(kind: str, certs: Certs,
+                                                  tmp_path: Path) -> None:
+    first = start_tls(tmp_path, certs)
+    second: list[TLSServer] = []
 
-        async def scenario(c: Any) -> None:
-            await put_reserve_delete(c)
-            first.drop_all()
-            with pytest.raises(ConnectionFailed):
-                await aw(c.stats())
-            await put_reserve_delete(c)  # reconnects, with a new handshake
+    def restart() -> None:
+        first.server.kill()
+        second.append(start_tls(tmp_path, certs,
+                                ports=(first.server.port, first.tls_port)))
 
-        run(kind, f"127.0.0.1:{first.port}", scenario, ssl_context=first.client_context())
-        assert first.handshakes == 2
+    async def scenario(c: Any) -> None:
+        await put_reserve_delete(c)
+        await trio.to_thread.run_sync(restart)
+        with pytest.raises(ConnectionFailed):
+            await aw(c.stats())
+        await put_reserve_delete(c)  # reconnects, with a new handshake
+
+    try:
+        run(kind, first.addr, scenario, ssl_context=certs.client_context())
+        assert second[0].connections() == 1
+    finally:
+        first.server.kill()
+        for ts in second:
+            ts.server.stop()
 
 
 @pytest.mark.parametrize("kind", CLIENT_KINDS)
-def test_a_wrong_ca_fails_the_handshake_clearly(kind: str, proxy: TLSProxy) -> None:
+def test_a_wrong_ca_fails_the_handshake_clearly(kind: str, tls_server: TLSServer) -> None:
     other = ssl.create_default_context()
     trustme.CA().configure_trust(other)
     with pytest.raises(ConnectionFailed) as err:
-        run(kind, f"127.0.0.1:{proxy.port}", put_reserve_delete, ssl_context=other)
+        run(kind, tls_server.addr, put_reserve_delete, ssl_context=other)
     text = str(err.value)
-    assert f"127.0.0.1:{proxy.port}: TLS handshake failed" in text, text
+    assert f"{tls_server.addr}: TLS handshake failed" in text, text
     assert "CERTIFICATE_VERIFY_FAILED" in text, text
 
 
 @pytest.mark.parametrize("kind", CLIENT_KINDS)
-def test_tls_true_checks_against_the_system_cas(kind: str, proxy: TLSProxy) -> None:
+def test_tls_true_checks_against_the_system_cas(kind: str, tls_server: TLSServer) -> None:
     """trustme's CA is in no system store: tls=True must refuse it."""
+    before = tls_server.connections()
     with pytest.raises(ConnectionFailed, match="CERTIFICATE_VERIFY_FAILED"):
-        run(kind, f"127.0.0.1:{proxy.port}", put_reserve_delete, tls=True)
-    assert proxy.handshakes == 0
+        run(kind, tls_server.addr, put_reserve_delete, tls=True)
+    assert tls_server.connections() == before + 1  # only the count's own
 
 
 @pytest.mark.parametrize("kind", CLIENT_KINDS)
-def test_mutual_tls_needs_the_clients_certificate(kind: str, server: Server) -> None:
-    with tls_proxy(server.port, require_client_cert=True) as px:
-        addr = f"127.0.0.1:{px.port}"
+def test_mutual_tls_needs_the_clients_certificate(kind: str, certs: Certs,
+                                                  tmp_path: Path) -> None:
+    ts = start_tls(tmp_path, certs, mutual=True)
+    try:
         with pytest.raises(ConnectionFailed):
-            run(kind, addr, put_reserve_delete, ssl_context=px.client_context())
-        ctx = px.client_context()
-        px.ca.issue_cert("worker@example.org").configure_cert(ctx)
-        assert run(kind, addr, put_reserve_delete, ssl_context=ctx) == BODY
-        assert px.refused >= 1 and px.handshakes >= 1
+            run(kind, ts.addr, put_reserve_delete, ssl_context=certs.client_context())
+        assert ts.connections() == 0
+        assert run(kind, ts.addr, put_reserve_delete,
+                   ssl_context=certs.client_context(with_cert=True)) == BODY
+        assert ts.connections() == 2  # the client, and the count before it
+    finally:
+        ts.server.stop()
 
 
 def test_a_unix_socket_stays_plaintext(tmp_path: Path) -> None:
@@ -202,17 +248,19 @@ def token_servers() -> list[Any]:
 
 @pytest.mark.parametrize("kind", CLIENT_KINDS)
 @pytest.mark.parametrize("server_kind", token_servers())
-def test_a_token_sends_auth_first_and_a_server_without_it_is_a_clear_error(
+def test_a_token_the_server_does_not_take_is_a_clear_error(
         kind: str, server_kind: str, server: Server, tmp_path: Path) -> None:
-    """The server's side of `auth` is not built yet: a server without it answers
-    UNKNOWN_COMMAND, which the client turns into an error saying what to do,
-    before it sends anything else on that connection."""
+    """beanstalkd has no `auth` (UNKNOWN_COMMAND); a smallstalk without
+    --admin-token-file refuses every token (UNAUTHORIZED): either way the client
+    raises an error saying what to do before it sends anything else."""
     srv = server if server_kind == "smallstalk" else start_beanstalkd(tmp_path)
     addr = f"127.0.0.1:{srv.port}"
+    want = (Unauthorized, "refused the token") if server_kind == "smallstalk" else (
+        UnknownCommand, "no `auth` command.*without a token")
     try:
         with Client(addr) as plain:
             before = plain.stats()
-            with pytest.raises(UnknownCommand, match="no `auth` command.*without a token"):
+            with pytest.raises(want[0], match=want[1]):
                 run(kind, addr, lambda c: aw(c.put(b"x", tube="auth-test")), token="s3cr3t")
             after = plain.stats()
             assert after.cmd_put == before.cmd_put  # the put never went
@@ -221,6 +269,30 @@ def test_a_token_sends_auth_first_and_a_server_without_it_is_a_clear_error(
     finally:
         if srv is not server:
             srv.stop()
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+def test_the_right_token_opens_admin_commands_and_a_wrong_one_nothing(
+        kind: str, tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("s3cr3t\n")
+    srv = start_smallstalk(tmp_path, "--admin-token-file", str(tmp_path / "token"))
+    addr = f"127.0.0.1:{srv.port}"
+    try:
+        async def put_and_flush(c: Any) -> int:
+            await aw(c.put(b"x", tube="tok"))
+            return await aw(c.flush_tube("tok"))
+
+        assert run(kind, addr, put_and_flush, token="s3cr3t") == 1
+        assert run(kind, addr, put_and_flush, token_file=tmp_path / "token") == 1
+        with pytest.raises(Unauthorized):
+            run(kind, addr, put_and_flush, token="wrong")
+        # Without a token, ordinary commands work and admin ones are refused.
+        with pytest.raises(Unauthorized):
+            run(kind, addr, put_and_flush)
+        with Client(addr) as plain:
+            assert plain.stats_tube("tok").current_jobs_ready == 1
+    finally:
+        srv.stop()
 
 
 # --- addresses as the ecosystem writes them ---------------------------------------

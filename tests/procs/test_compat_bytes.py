@@ -15,7 +15,7 @@ import attrs
 import pytest
 
 from ..support.compat_cases import CASES, Case, Step
-from ..support.procs import Server, start_beanstalkd, start_smallstalk
+from ..support.procs import Server, needs_beanstalkd, start_beanstalkd, start_smallstalk
 
 # COMPAT_SELF_TEST=1 points the "candidate" side at a second beanstalkd, which
 # proves the harness itself is deterministic.
@@ -227,13 +227,8 @@ def normalise(reply: bytes) -> bytes:
     if not lines or not all(pairs):
         return reply
     is_server_stats = any(p.group(1) == b"pid" for p in pairs if p)
-    # smallstalk's documented extension: its own keys (role, last-seq, jobs-expired,
-    # ...) come after beanstalkd's last key (`platform` in stats, `pause-time-left`
-    # in stats-tube); clients parse past them.
-    keys = [p.group(1) for p in pairs if p]
-    for last in (b"platform", b"pause-time-left"):
-        if last in keys:
-            pairs = pairs[:keys.index(last) + 1]
+    # Every key is compared, in order: smallstalk's own keys are served by
+    # ext-stats and ext-stats-tube, never appended here (clients compare whole replies).
     body = [b"---"]
     for p in pairs:
         assert p is not None
@@ -435,3 +430,29 @@ def test_compat_bytes(
     normal_cand = [(label, normalise(reply)) for label, _, reply in cand]
     if normal_ref != normal_cand:
         pytest.fail(describe_divergence(case, run, ref, cand), pytrace=False)
+
+
+# Every command smallstalk adds, in a form smallstalk accepts: beanstalkd must
+# answer each UNKNOWN_COMMAND, so no extension changes a reply beanstalkd gives
+# (docs/PROTOCOL-EXTENSIONS.md lists them).
+SMALLSTALK_ONLY = (
+    b"replicate 1 - 0\r\n", b"replica-ack 1\r\n", b"promote\r\n", b"delete-tube a+b\r\n",
+    b"config\r\n", b"reload-config\r\n", b"auth s3cr3t\r\n", b"ext-stats\r\n",
+    b"ext-stats-tube default\r\n", b"list-jobs default ready 0 10\r\n",
+    b"flush-tube default\r\n", b"put-expiring 0 0 60 5 1\r\n",
+)
+
+
+@needs_beanstalkd
+def test_smallstalk_only_commands_are_unknown_to_beanstalkd(tmp_path: Path) -> None:
+    ref = start_beanstalkd(tmp_path)
+    try:
+        w = Wire.open(ref.port)
+        try:
+            for line in SMALLSTALK_ONLY:
+                w.sock.sendall(line)
+                assert w.read_reply() == b"UNKNOWN_COMMAND\r\n", line
+        finally:
+            w.close()
+    finally:
+        ref.stop()

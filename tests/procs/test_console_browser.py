@@ -37,7 +37,7 @@ IMG = REPO / "docs" / "img"
 def console(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("console")
     http = free_port()
-    srv = start_smallstalk(tmp, "--http", f"127.0.0.1:{http}", "--no-compact",
+    srv = start_smallstalk(tmp, "--http", f"127.0.0.1:{http}", "--no-compact", "--extended-stats",
                            data_dir=tmp / "data")
     try:
         wait_for_log(srv.log_path, "console on http://", srv.proc)

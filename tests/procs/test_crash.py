@@ -22,7 +22,7 @@ from smallstalk.storage import aof, recovery
 from smallstalk.storage.aof import CorruptionError
 
 from ..support.bsclient import Client, Reply, connect, peek_ids, put_cmd, stats_jobs
-from ..support.procs import Server, start_smallstalk, wait_for
+from ..support.procs import Server, children, start_smallstalk, wait_for
 
 ROUNDS = int(os.environ.get("SMALLSTALK_CRASH_ROUNDS", "30"))
 CHURN_OPS = int(os.environ.get("SMALLSTALK_CHURN_OPS", "100000"))
@@ -46,21 +46,6 @@ STATES_AFTER_RESTART = {
 # --- processes ------------------------------------------------------------------
 
 
-def children(pid: int) -> list[int]:
-    """Live child processes of `pid` (the server's compactor runs), from /proc."""
-    out = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if int(fields[1]) == pid and fields[0] != b"Z":
-            out.append(int(entry.name))
-    return out
 
 
 def alive(pid: int) -> bool:

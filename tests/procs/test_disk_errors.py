@@ -16,6 +16,7 @@ from smallstalk.server.commit import RETRY_AFTER_FAILURE
 from smallstalk.storage import aof
 
 from ..support.bsclient import Client, Reply, connect, peek_ids, stats_jobs
+from ..support.powercut import PowerCutMount, mounted
 from ..support.procs import Server, start_smallstalk, wait_for
 
 FSIZE = resource.RLIMIT_FSIZE
@@ -371,6 +372,120 @@ def test_compactor_failures_do_not_stop_the_server(
             assert r.status == b"INSERTED", r
             check_reads(c, led)
         for _ in range(15):  # rotations and compaction work again
+            assert led.put(c, "post").status == b"INSERTED"
+        wait_for(lambda: len(aof.list_segments(data / "aof")) <= 2, 10.0, "compaction to catch up")
+    srv.kill()
+    servers.append(verify_restart(tmp_path, data, led))
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[PowerCutMount]:
+    yield from mounted(tmp_path)
+
+
+def test_compactor_survives_a_disk_that_answers_eio(
+    tmp_path: Path, disk: PowerCutMount, servers: list[Server]
+) -> None:
+    """Every file request fails with EIO right after a compaction's snapshot is renamed: the
+    compactor logs each failed attempt (file and errno) and retries; the server serves reads and
+    refuses writes, and acknowledges nothing it could not write."""
+    data = disk.path / "data"
+    disk.arm("snapshots")  # the power goes right after the new snapshot is durable
+    srv = start_smallstalk(tmp_path, "--segment-records", "10", "--compact-interval", "0.2",
+                           data_dir=data)
+    servers.append(srv)
+    led = Ledger()
+    with connect(srv.port) as c:
+        deadline = time.monotonic() + 30
+        while not disk.fired():
+            assert time.monotonic() < deadline, "no compaction wrote a snapshot in 30s"
+            r = led.put(c, "pre")
+            if r.status != b"INSERTED":
+                break
+        wait_for(disk.fired, 10.0, "the armed cut")
+        # Several compactor intervals (and the commit retry window) with the disk gone.
+        stay_up(srv, c, 2.0)
+        refused = refuses_for(c, led, RETRY_AFTER_FAILURE + 0.5)
+        assert set(refused) == {b"INTERNAL_ERROR"}, refused
+        check_reads(c, led)
+        stay_up(srv, c, 1.0)
+    failures = [line for line in srv.log().splitlines() if "compaction" in line and "Errno 5" in line]
+    assert len(failures) >= 2, f"no retried, logged compaction failure:\n{srv.log()[-2000:]}"
+    assert "compactor.py" not in srv.log(), "a compaction failure logged a traceback"
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A real 16 MiB tmpfs: it fills up and gives ENOSPC like a full disk."""
+    where = tmp_path / "small"
+    where.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(where)],
+                       capture_output=True, timeout=30)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
+
+
+def fill(path: Path) -> None:
+    """Write `path` until the file system is full."""
+    with open(path, "ab", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 16))
+        except OSError as e:
+            assert e.errno == 28, e
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 512)
+
+
+def test_compactor_on_a_full_disk_retries_and_catches_up(
+    tmp_path: Path, small_tmpfs: Path, servers: list[Server]
+) -> None:
+    """The file system fills up: puts are refused, compactions fail (logged, one line, with
+    errno) and are retried; once space is back, both work again and nothing acknowledged is lost."""
+    data = small_tmpfs / "data"
+    srv = start_smallstalk(tmp_path, "--segment-records", "10", "--compact-interval", "2",
+                           "--compact-segments", "1000", data_dir=data)
+    servers.append(srv)
+    led = Ledger()
+    filler = small_tmpfs / "filler"
+
+    def compactions() -> int:
+        return srv.log().count("compacted")
+
+    def failures() -> list[str]:
+        return [line for line in srv.log().splitlines()
+                if "compaction failed" in line and "Errno 28" in line]
+
+    with connect(srv.port) as c:
+        seed(c, led)
+        wait_for(lambda: compactions() == 1, 10.0, "a first compaction")
+        # Right after it (the next is 2 s away): closed segments for the next one, then no space.
+        for _ in range(20):
+            assert led.put(c, "pre").status == b"INSERTED"
+        fill(filler)
+        assert compactions() == 1, "the next compaction came too early for this test"
+        wait_for(lambda: len(failures()) >= 2, 10.0, "two failed (retried) compactions")
+        stay_up(srv, c, 1.0)
+        # A failed compaction frees its temporary file, and the segment's last page takes a
+        # few records: some puts may fit. The ledger holds the server to each reply.
+        fill(filler)
+        replies = set()
+        deadline = time.monotonic() + RETRY_AFTER_FAILURE + 0.5
+        while time.monotonic() < deadline:
+            replies.add(led.put(c, "full").line.split()[0])
+            time.sleep(0.05)
+        assert replies <= {b"INSERTED", b"INTERNAL_ERROR"} and b"INTERNAL_ERROR" in replies, replies
+        check_reads(c, led)
+        assert "compactor.py" not in srv.log(), "a compaction failure logged a traceback"
+        filler.unlink()
+        r = poll_put(c, led)
+        assert r.status == b"INSERTED", f"the server did not recover once space was back: {r}"
+        for _ in range(15):
             assert led.put(c, "post").status == b"INSERTED"
         wait_for(lambda: len(aof.list_segments(data / "aof")) <= 2, 10.0, "compaction to catch up")
     srv.kill()

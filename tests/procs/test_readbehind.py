@@ -37,7 +37,7 @@ _spec.loader.exec_module(readbehind)
 def test_rss_stays_bounded_and_every_body_comes_back(tmp_path: Path) -> None:
     """The issue's test: a backlog many times --max-memory, drained; RSS bound:
     RSS at start + budget + 1 KiB per job + 32 MiB."""
-    srv = start_smallstalk(tmp_path, "--max-memory", "64MB", "--fsync", "never",
+    srv = start_smallstalk(tmp_path, "--max-memory", "64MB", "--fsync", "never", "--extended-stats",
                            data_dir=tmp_path / "data")
     try:
         res = readbehind.drive(srv.port, srv.pid, TOTAL)
@@ -92,7 +92,7 @@ def test_sigkill_rounds_keep_every_acknowledged_body(tmp_path: Path) -> None:
                 for jid in rnd.sample(live, len(live) // 3):
                     assert c.call(b"delete %d\r\n" % jid).status == b"DELETED"
                     deleted.add(jid)
-                stats = c.call(b"stats\r\n").yaml()
+                stats = c.ext_stats()
                 assert int(stats["bytes-in-memory"]) <= 1 << 20
             before = len(acked)
             stop = threading.Event()
@@ -133,12 +133,12 @@ def test_replica_under_a_budget_resyncs_and_follows(tmp_path: Path) -> None:
             for _ in range(100):
                 b = rnd.randbytes(rnd.randint(100, 8000))
                 bodies[c.call(put_cmd(b, ttr=600)).id] = b
-            last = int(c.call(b"stats\r\n").yaml()["last-seq"])
+            last = int(c.ext_stats()["last-seq"])
         # At least: closing `c` logs a Disconnect after `last`, which may arrive first.
         with Client(replica.port) as r:
-            wait_for(lambda: int(r.call(b"stats\r\n").yaml()["last-seq"]) >= last,
+            wait_for(lambda: int(r.ext_stats()["last-seq"]) >= last,
                      what="the replica catching up")
-            st = r.call(b"stats\r\n").yaml()
+            st = r.ext_stats()
             assert int(st["bytes-in-memory"]) <= 256 << 10 < int(st["bytes-on-disk"])
             assert peek_ids(r, sorted(bodies)) == bodies
         assert "full resync" in replica.log()

@@ -17,6 +17,7 @@ from smallstalk.ops import verify
 from smallstalk.storage import aof, datadir, recovery
 from smallstalk.storage.aof import CorruptionError
 
+from ..support import segments
 from ..support.bsclient import connect
 from ..support.procs import REPO, free_port, smallstalk_cmd, start_smallstalk
 
@@ -28,14 +29,7 @@ def put(seq: int, jid: int, body: bytes) -> r.Put:
 
 
 def write_segment(data: Path, recs: list) -> Path:
-    aof_dir = datadir.aof_dir(data)
-    aof_dir.mkdir(parents=True, exist_ok=True)
-    w = aof.SegmentWriter(aof_dir, recs[0].seq)
-    for rec in recs:
-        w.append(r.encode(rec), rec.seq)
-    w.write()
-    w.close()
-    return w.path
+    return segments.write_segment(datadir.aof_dir(data), recs)
 
 
 def two_servers(data: Path) -> Path:

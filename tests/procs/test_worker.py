@@ -38,11 +38,12 @@ from ..support.procs import (
     REPO,
     SERVER_KINDS,
     Server,
+    free_port,
     needs_beanstalkd,
     start_beanstalkd,
     start_smallstalk,
 )
-from ..support.tlsproxy import tls_proxy
+from ..support.tlscerts import make_certs
 
 # --- tasks and publishing ------------------------------------------------------
 
@@ -374,38 +375,52 @@ def test_worker_over_two_servers(smallstalk: Server, workers, tmp_path: Path) ->
         other.kill()
 
 
-def test_worker_and_app_over_tls(smallstalk: Server, workers, tmp_path: Path) -> None:
+def test_worker_and_app_over_tls(workers, tmp_path: Path) -> None:
     """`App(ssl_context=)` publishes and `smallstalk worker --tls-ca` runs the job,
-    both through a real TLS proxy in front of the server."""
-    with tls_proxy(smallstalk.port) as px:
-        ca = tmp_path / "ca.pem"
-        px.ca.cert_pem.write_to_path(str(ca))
-        tls_addr = f"127.0.0.1:{px.port}"
-        app = App(tls_addr, ssl_context=px.client_context())
+    both on the server's TLS port (their only address for it)."""
+    certs = make_certs(tmp_path / "certs")
+    tls_port = free_port()
+    srv = start_smallstalk(tmp_path, *certs.server_flags(tls_port))
+    try:
+        tls_addr = f"127.0.0.1:{tls_port}"
+        app = App(tls_addr, ssl_context=certs.client_context())
         app.client().put(encode_call("tests.support.worker_app.echo", ["tls"], {}))
-        assert px.handshakes == 1
         # The tasks report over plaintext ($SMALLSTALK_SERVERS); reserves go over TLS.
-        w = workers(addr_of(smallstalk), "--servers", tls_addr, "--tls-ca", str(ca))
-        with Client(addr_of(smallstalk)) as c:
+        w = workers(addr_of(srv), "--servers", tls_addr, "--tls-ca", str(certs.ca_file))
+        with Client(addr_of(srv)) as c:
             assert results(c, 1) == ["done:tls"]
-        assert px.handshakes == 2 and px.refused == 0
         w.signal(signal.SIGTERM)
         assert w.wait() == 0
         app.close()
+    finally:
+        srv.kill()
 
 
-def test_worker_sends_the_token_first(smallstalk: Server, workers, tmp_path: Path,
-                                      monkeypatch) -> None:
-    """The server's side of `auth` is not built yet: it answers UNKNOWN_COMMAND,
-    which shows that the worker sent the token before reserving."""
+def test_worker_sends_the_token_first(workers, tmp_path: Path, monkeypatch) -> None:
+    """A worker authenticates before it reserves: with the server's token it runs
+    jobs, with a wrong one every reserve is refused (UNAUTHORIZED, logged)."""
     token = tmp_path / "token"
     token.write_text("s3cr3t\n")
-    w = workers(addr_of(smallstalk), "--token-file", str(token))
-    error = wait_until(lambda: w.named("reserve.error"), what="reserve.error")[0]["error"]
-    assert "no `auth` command" in error, error
-    w.signal(signal.SIGTERM)
-    assert w.wait() == 0
-    app = App(addr_of(smallstalk))
+    wrong = tmp_path / "wrong"
+    wrong.write_text("guess\n")
+    srv = start_smallstalk(tmp_path, "--admin-token-file", str(token))
+    try:
+        w = workers(addr_of(srv), "--token-file", str(wrong))
+        error = wait_until(lambda: w.named("reserve.error"), what="reserve.error")[0]["error"]
+        assert "UNAUTHORIZED" in error, error
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0
+        with Client(addr_of(srv)) as c:
+            c.use("default")
+            c.put(encode_call("tests.support.worker_app.echo", ["authed"], {}))
+        w = workers(addr_of(srv), "--token-file", str(token))
+        with Client(addr_of(srv)) as c:
+            assert results(c, 1) == ["done:authed"]
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0
+    finally:
+        srv.kill()
+    app = App(addr_of(srv))
     monkeypatch.setenv("SMALLSTALK_TOKEN", "from-env")
     args = worker_cli._parser().parse_args(["x:app"])
     assert worker_cli._security(args, app).token == "from-env"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 
 import attrs
@@ -42,11 +43,17 @@ def put_cmd(body: bytes, pri: int = 0, delay: int = 0, ttr: int = 60, max_age: i
 
 
 class Client:
-    """One connection. `send` pipelines raw commands; `read` takes replies in order."""
+    """One connection. `send` pipelines raw commands; `read` takes replies in order.
+    With `ssl_context`, the socket is wrapped by the standard `ssl` module."""
 
-    def __init__(self, port: int, timeout: float = 10.0):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, timeout: float = 10.0, source: str | None = None,
+                 ssl_context: ssl.SSLContext | None = None):
+        # `source`: the local address to connect from (another 127.0.0.x peer).
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout,
+                                             source_address=(source, 0) if source else None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ssl_context is not None:
+            self.sock = ssl_context.wrap_socket(self.sock, server_hostname="127.0.0.1")
         self.buf = bytearray()
 
     def close(self) -> None:
@@ -74,7 +81,7 @@ class Client:
             self._fill()
         status, *args = bytes(self.buf[:end]).split(b" ")
         del self.buf[:end + 2]
-        if status not in WITH_BODY:
+        if status not in WITH_BODY or not args:  # a bare OK answers `auth`
             return Reply(status, tuple(args))
         size = int(args[-1])
         while len(self.buf) < size + 2:
@@ -100,6 +107,10 @@ class Client:
 
     def stats(self) -> dict[str, str]:
         return self.call(b"stats\r\n").yaml()
+
+    def ext_stats(self) -> dict[str, str]:
+        """smallstalk's own server statistics (`ext-stats`)."""
+        return self.call(b"ext-stats\r\n").yaml()
 
     def stats_job(self, job_id: int) -> dict[str, str] | None:
         r = self.call(b"stats-job %d\r\n" % job_id)

@@ -113,8 +113,11 @@ CASES: list[Case] = [
       S(b"put 0 0 4294967296 1\r\n"), S(b"put 0 0 60 4294967296\r\n"),
       S(b"put 99999999999999999999 0 60 1\r\n"), S(b"PUT 0 0 60 1\r\n"),
       S(b"put 1.5 0 60 1\r\n"), S(b"stats-tube {T}\r\n")),
-    # (`put 0 0 60 5 6` is smallstalk's documented extension, a per-job max age:
-    # beanstalkd answers BAD_FORMAT, smallstalk takes the put. Not compared.)
+    # A fifth argument is BAD_FORMAT (smallstalk's per-job max age is put-expiring).
+    C("put-fifth-argument-is-bad-format",
+      S(b"put 0 0 60 1 2\r\nx\r\n", 2), S(b"put 0 0 60 1 0\r\nx\r\n", 2),
+      S(b"put 0 0 60 1 4294967296\r\nx\r\n", 2), S(b"peek-ready\r\n"),
+      S(b"stats-tube {T}\r\n")),
     C("put-trailing-garbage-then-body-is-a-command",
       S(b"put 0 0 60 5 \r\nhello\r\n", 2), S(b"put 0 0 60 5 6x\r\nhello\r\n", 2),
       S(b"put 0 0 60 5x\r\nhello\r\n", 2), S(b"put 0 0 60 5\r\nstats\r\n"), S(b"peek {1}\r\n")),
@@ -306,6 +309,15 @@ CASES: list[Case] = [
       S(b"stats-tube {U}\r\n"), S(b"stats-tube -x\r\n"), S(b"stats-tube " + NAME201 + b"\r\n"),
       S(b"stats-tube\r\n"), S(b"stats-tube \r\n"), S(b"stats-tube {T} \r\n"),
       S(b"stats-tube  {T}\r\n"), S(b"stats-tubex\r\n")),
+    # Key sets and order of every stats reply, on a fresh server (the default
+    # tube, global counters): smallstalk's own keys must not appear.
+    C("stats-keys-and-order",
+      S(b"stats\r\n"), S(put(b"a", pri=1) + put(b"b", delay=50) + put(b"c"), 3),
+      S(b"reserve\r\n"), S(b"bury {1} 5\r\n"), S(b"stats\r\n"),
+      S(b"stats-tube default\r\n"), S(b"stats-job {1}\r\n"), S(b"stats-job {2}\r\n"),
+      S(b"stats-job {3}\r\n"), S(b"use other\r\n"), S(put(b"d")),
+      S(b"stats-tube other\r\n"), S(b"pause-tube other 30\r\n"),
+      S(b"stats-tube other\r\n"), S(b"stats\r\n"), fresh=True),
     C("stats-prefix-quirks",
       S(b"statsx\r\n"), S(b"stats \r\n"), S(b"stats-\r\n"), S(b"stats-jobx 1\r\n"),
       S(b"list-tubesx\r\n"), S(b"list-tubes \r\n"), S(b"list-tubes-\r\n"),

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import attrs
 
+from .procs import children
+
 REPO = Path(__file__).resolve().parents[2]
 INSTALL = ("apt-get install -y fuse3 libfuse3-dev pkg-config && pip install pyfuse3 "
            "(`make test` does both)")
@@ -137,21 +139,6 @@ class PowerCutMount:
 # --- processes ------------------------------------------------------------------------
 
 
-def children(pid: int) -> list[int]:
-    """Live child processes of `pid` (a server's compactor), from /proc."""
-    out = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                st = f.read()
-        except OSError:
-            continue
-        fields = st[st.rfind(b")") + 2:].split()
-        if int(fields[1]) == pid and fields[0] != b"Z":
-            out.append(int(entry.name))
-    return out
 
 
 def _all_stopped(pid: int) -> bool:

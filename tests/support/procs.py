@@ -159,3 +159,19 @@ def start_beanstalkd(tmp: Path, *args: str, port: int | None = None) -> Server:
     server = Server(proc, port, None, log_path)
     wait_listening(port, proc)
     return server
+
+def children(pid: int) -> list[int]:
+    """Live child processes of `pid` (a server's compactor runs), from /proc."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                st = f.read()
+        except OSError:
+            continue
+        fields = st[st.rfind(b")") + 2:].split()
+        if int(fields[1]) == pid and fields[0] != b"Z":
+            out.append(int(entry.name))
+    return out

@@ -65,8 +65,9 @@ def test_a_torn_tail_has_no_later_good_frame() -> None:
 def test_damage_followed_by_records_that_continue_the_log_is_not_a_tail() -> None:
     good = segment(1, [put(1)])
     rest = aof.frame(put(2)) + aof.frame(put(3))
-    damaged = good + b"\xff" * 7 + rest
-    assert aof.later_good_frame(damaged, len(good), 1) == len(good) + 7
+    for junk in (1, 7):
+        damaged = good + b"\xff" * junk + rest
+        assert aof.later_good_frame(damaged, len(good), 1) == len(good) + junk
 
 
 def test_frames_that_do_not_continue_the_sequence_are_not_the_log() -> None:
@@ -156,3 +157,59 @@ def test_corruption_error_names_file_offset_and_seq(tmp_path: Path) -> None:
     assert (e.offset, e.seq, e.why) == (99, 7, "checksum mismatch")
     assert str(e) == f"{tmp_path / 'x.aof'}: checksum mismatch at offset 99 (after seq 7)"
     assert "before any record" in str(CorruptionError(tmp_path, 0, None, "bad header"))
+
+
+@pytest.mark.parametrize("tail", [b"", b"\x01\x02", b"\x00" * 12, struct.pack("<II", 100, 0) + b"abc",
+                                  struct.pack("<II", 3, 12345) + b"abc"],
+                         ids=["clean", "short", "zeros", "past-end", "crc"])
+@pytest.mark.parametrize("n", [3, 1100], ids=["one-batch", "three-batches"])
+def test_start_ups_batched_reader_stops_where_read_frames_does(tmp_path: Path, tail: bytes,
+                                                               n: int) -> None:
+    """segment_batches (start-up's fast path) applies read_frames' rules inline."""
+    data = segment(1, [put(s) for s in range(1, n + 1)]) + tail
+    path = tmp_path / aof.segment_name(1)
+    *entries, scan = aof.iter_segment(path, data)
+    *frames, want = aof.read_frames(data)
+    assert [off for off, _ in entries] == [off for off, _ in frames]
+    assert [rec.seq for _, rec in entries] == list(range(1, n + 1))
+    assert (scan.end, scan.size, scan.why) == (want.end, want.size, want.why)
+    batches = list(aof.segment_batches(path, data, put_lists=True))
+    assert all(len(offs) <= aof.SEGMENT_BATCH for offs, _, _ in batches)
+    assert [s for _, _, s in batches[:-1]] == [None] * (len(batches) - 1)
+    assert all(type(x) is list for _, recs, _ in batches for x in recs)  # format-1 puts as lists
+
+
+def test_start_ups_reader_names_a_record_that_does_not_decode(tmp_path: Path) -> None:
+    path = tmp_path / aof.segment_name(1)
+    data = segment(1, [put(1), b"\xff not cbor", put(3)])
+    with pytest.raises(CorruptionError) as e:
+        list(aof.iter_segment(path, data))
+    assert e.value.offset == aof.HEADER_SIZE + len(aof.frame(put(1))) and e.value.seq == 1
+    with pytest.raises(CorruptionError, match="header says first seq 1, first record has 2"):
+        list(aof.iter_segment(path, segment(1, [put(2)])))
+
+
+def test_header_errors_name_the_file_and_offset_0(tmp_path: Path) -> None:
+    p = tmp_path / "f.aof"
+    head = aof.header(aof.SEGMENT_MAGIC, 42)
+    future = aof.HEADER.pack(aof.SEGMENT_MAGIC, r.FORMAT_VERSION + 1, 42)
+    cases = [(head[:-1], "file shorter than its header"), (head[:-1] + b"\x00", "bad header"),
+             (future + struct.pack("<I", zlib.crc32(future)),
+              f"unknown format version {r.FORMAT_VERSION + 1}")]
+    for data, why in cases:
+        with pytest.raises(CorruptionError) as e:
+            aof.read_header(p, data, aof.SEGMENT_MAGIC)
+        assert (e.value.path, e.value.offset, e.value.seq, e.value.why) == (p, 0, None, why)
+        assert str(e.value) == f"{p}: {why} at offset 0 (before any record)"
+
+
+def test_only_numbered_segments_and_snapshots_are_listed(tmp_path: Path) -> None:
+    for name in ("00000000000000000001.aof", "00000000000000000009.aof", "notes.aof",
+                 "00000000000000000005.aof.broken", "00000000000000000003.tmp",
+                 "00000000000000000007.snap", "00000000000000000007.bodies",
+                 "00000000000000000008.snap.123.tmp", "x.snap"):
+        (tmp_path / name).write_bytes(b"")
+    assert [s for s, _ in aof.list_segments(tmp_path)] == [1, 9]
+    assert [(s, p.name) for s, p in aof.list_snapshots(tmp_path)] == \
+        [(7, "00000000000000000007.snap")]
+    assert aof.list_segments(tmp_path / "missing") == []

@@ -15,6 +15,7 @@ from smallstalk.config import (
     UsageError,
     parse_serve,
     server_changes,
+    tls_address,
 )
 from smallstalk.launch import listen_address
 from smallstalk.ops import config_dump as configcmd
@@ -295,3 +296,69 @@ def test_every_key_is_documented() -> None:
 def test_version_flag_prints_the_package_version() -> None:
     assert parse_serve(["--version"]) == f"smallstalk {__version__}"
     assert parse_serve(["-v"]) == f"smallstalk {__version__}"  # beanstalkd's short flag
+
+
+def test_admin_settings_from_flags_and_the_file(tmp_path: Path) -> None:
+    from smallstalk.config import parse_serve
+    from smallstalk.server.admin import LOOPBACK
+
+    (tmp_path / "tok").write_text("s3cr3t\n")
+    cfg = tmp_path / "smallstalk.toml"
+    cfg.write_text('[server]\nadmin-token-file = "tok"\nadmin-allow = ["10.0.0.0/8", "::1"]\n'
+                   'extended-stats = true\n')
+    got = parse_serve(["--config", str(cfg)])
+    assert got.admin_token_file == tmp_path / "tok"  # relative to the file
+    assert got.admin_allow == ("10.0.0.0/8", "::1") and got.extended_stats
+    assert parse_serve([]).admin_allow == LOOPBACK and not parse_serve([]).extended_stats
+    assert parse_serve(["--admin-allow", "192.168.1.0/24, 127.0.0.1"]).admin_allow == (
+        "192.168.1.0/24", "127.0.0.1")
+    with pytest.raises(UsageError, match="not an address or CIDR: 'nope'"):
+        parse_serve(["--admin-allow", "10.0.0.0/8,nope"])
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(UsageError, match="must hold one word"):
+        parse_serve(["--admin-token-file", str(tmp_path / "empty")])
+
+
+# --- TLS ---------------------------------------------------------------------------
+
+
+def test_tls_keys_from_the_file_and_flags(tmp_path: Path) -> None:
+    path = write(tmp_path, '[server]\nreplica-of = "p:11443"\ntls-port = 11443\n'
+                 'tls-cert = "tls/server.pem"\ntls-key = "/etc/k.pem"\n'
+                 'tls-client-ca = "ca.pem"\ntls-handshake-timeout = "30s"\nplaintext = false\n'
+                 'tls-listen = "0.0.0.0"\nreplica-tls-ca = "ca.pem"\n'
+                 'replica-tls-cert = "r.pem"\nreplica-tls-key = "r.key"\n')
+    cfg = parse("--config", str(path))
+    assert cfg.tls_port == 11443 and cfg.tls_listen == "0.0.0.0" and cfg.plaintext is False
+    assert cfg.tls_cert == tmp_path / "tls/server.pem"  # relative to the file
+    assert cfg.tls_key == Path("/etc/k.pem") and cfg.tls_client_ca == tmp_path / "ca.pem"
+    assert cfg.tls_handshake_timeout == 30.0
+    assert (cfg.replica_tls_ca, cfg.replica_tls_cert, cfg.replica_tls_key) == (
+        tmp_path / "ca.pem", tmp_path / "r.pem", tmp_path / "r.key")
+    flags = parse("--tls-port", "1", "--tls-cert", "c", "--tls-key", "k", "--no-plaintext",
+                  "-l", "unix:/tmp/s.sock")
+    assert (flags.tls_port, flags.tls_cert, flags.plaintext) == (1, Path("c"), False)
+    assert tls_address(flags) == "127.0.0.1"  # never the unix socket
+    assert tls_address(parse("-l", "10.0.0.1")) == "10.0.0.1"
+    assert parse("--tls-port", "1", "--tls-cert", "c", "--tls-key", "k").plaintext
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--tls-port", "1"], "--tls-port needs --tls-cert"),
+    (["--tls-port", "1", "--tls-cert", "c"], "--tls-port needs"),
+    (["--tls-cert", "c", "--tls-key", "k"], "--tls-cert is for --tls-port"),
+    (["--tls-key", "k", "--http", "a:1"], "go together"),
+    (["--http", "a:1", "--tls-client-ca", "ca"], "--tls-client-ca needs"),
+    (["--no-plaintext"], "nothing to listen on"),
+    (["--tls-port", "70000"], "a port is 0 to 65535"),
+    (["--tls-listen", "unix:/x"], "stays plaintext"),
+    (["--replica-tls-ca", "ca"], "are for --replica-of"),
+    (["--replica-of", "p:1", "--replica-tls-cert", "c"], "go together"),
+])
+def test_tls_flag_mistakes(argv: list[str], why: str) -> None:
+    with pytest.raises(UsageError, match=why):
+        parse_serve(argv)
+
+
+def test_a_unix_socket_alone_may_go_without_plaintext_tcp() -> None:
+    assert parse("-l", "unix:/tmp/s.sock", "--no-plaintext").plaintext is False

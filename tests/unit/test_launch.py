@@ -12,6 +12,8 @@ CASES = [
     ["-VVp", "5"], ["-Fp", "5"], ["-b", "/tmp/x", "-p", "7"], ["--listen", "::1", "--port=9"],
     ["--data-dir", "d", "--fsync", "never", "-p", "3"], ["-l", "unix:/tmp/s.sock"],
     ["-z", "10", "-s", "4096", "-f", "0", "-u", "nobody", "-p", "8"], ["--no-compact", "-p", "2"],
+    ["--tls-port", "5", "--tls-cert", "c.pem", "--tls-key", "k.pem", "-p", "6"],
+    ["--extended-stats", "-p", "4"],
 ]
 
 
@@ -22,6 +24,7 @@ def test_quick_scan_agrees_with_the_parser(argv: list[str]) -> None:
     assert listen_address(argv) == (cfg.addr, cfg.port)
 
 
-@pytest.mark.parametrize("argv", [["-h"], ["-v"], ["--help"], ["-p"], ["-p", "x"], ["bogus"]])
+@pytest.mark.parametrize("argv", [["-h"], ["-v"], ["--help"], ["-p"], ["-p", "x"], ["bogus"],
+                                  ["--no-plaintext", "-p", "7"]])
 def test_quick_scan_leaves_the_rest_to_the_parser(argv: list[str]) -> None:
     assert listen_address(argv) is None

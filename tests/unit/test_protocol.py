@@ -160,7 +160,29 @@ commands = st.one_of(
     st.builds(p.StatsJob, ids), st.builds(p.StatsTube, tubes), st.just(p.STATS),
     st.just(p.LIST_TUBES), st.just(p.LIST_TUBE_USED), st.just(p.LIST_TUBES_WATCHED),
     st.builds(p.PauseTube, tubes, u32),
+    # smallstalk's own commands
+    st.builds(p.Put, u32, u32, st.integers(1, 2**32 - 1), st.binary(max_size=300), u32),
+    st.builds(p.Auth, st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E),
+                              min_size=1, max_size=100)),
+    st.just(p.EXT_STATS), st.builds(p.ExtStatsTube, tubes),
 )
+
+
+def test_put_takes_four_arguments_as_in_beanstalkd() -> None:
+    # A fifth argument is BAD_FORMAT (counted as a put); the body line is then a command.
+    assert parse_all(b"put 0 0 60 1 2\r\nx\r\n") == [
+        p.ErrorReply(p.BAD_FORMAT, p.Put), p.ErrorReply(p.UNKNOWN_COMMAND)]
+    assert parse_all(b"put-expiring 0 0 60 5 1\r\nx\r\n") == [p.Put(0, 0, 60, b"x", 5)]
+    assert p.render(p.Put(0, 0, 60, b"x", 5)) == b"put-expiring 0 0 60 5 1\r\nx\r\n"
+    assert p.render(p.Put(0, 0, 60, b"x")) == b"put 0 0 60 1\r\nx\r\n"
+    for bad in (b"put-expiring 0 0 60 1\r\n", b"put-expiring 0 0 60 5 1 9\r\n",
+                b"put-expiring 0 0 60 99999999999 1\r\n", b"auth \r\n", b"auth a b\r\n"):
+        assert parse_all(bad) == [p.ErrorReply(p.BAD_FORMAT)], bad
+    assert parse_all(b"put-expiring 0 0 60 5 70000\r\n" + b"z" * 70000 + b"\r\n") == [
+        p.ErrorReply(p.JOB_TOO_BIG, p.Put)]
+    # Names beanstalkd answers UNKNOWN_COMMAND (never one it answers otherwise).
+    assert parse_all(b"ext-stats\r\next-stats-tube t\r\n") == [
+        p.EXT_STATS, p.ExtStatsTube("t")]
 
 
 @given(st.lists(commands, max_size=20), st.integers(1, 50))

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""A/B of two smallstalk checkouts at one point, alternating: server CPU µs/op medians.
+
+    .venv/bin/python bench/ab.py memory/put/10 /tmp/base /tmp/new --rounds 6
+
+Each DIR holds a `smallstalk/` package (a copy of main, a copy of a branch).
+Every round starts a fresh server from each DIR in turn (A B, then B A) and
+drives it with bench/loadgen.py for `--duration` seconds; `rd` points are
+pre-loaded first. On a shared machine the server's CPU per op is the figure
+to compare; ops/s is printed next to it. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import loadgen  # noqa: E402
+import run  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("point", help="MODE/WORKLOAD/CONNS, e.g. memory/put/10")
+    ap.add_argument("sources", nargs="+", metavar="DIR")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--duration", type=float, default=1.5)
+    ap.add_argument("--procs", type=int, default=2)
+    a = ap.parse_args(argv)
+    mode, workload, conns = a.point.split("/")
+    workdir = Path(tempfile.mkdtemp(prefix="smallstalk-ab-"))
+    bench = types.SimpleNamespace(args=types.SimpleNamespace(procs=a.procs),
+                                  preset={"max_ops": 0})
+    res: dict[str, list] = {s: [] for s in a.sources}
+    try:
+        for i in range(a.rounds):
+            for src in a.sources if i % 2 == 0 else a.sources[::-1]:
+                srv = run.Server("smallstalk", mode, workdir, src=Path(src)).start()
+                try:
+                    if workload in ("rd", "rd-pipe"):
+                        loadgen.run(srv.port, "load", 10, procs=a.procs, total=60_000,
+                                    duration=5.0)
+                    r = run.Bench.drive(bench, srv, workload, int(conns), duration=a.duration,
+                                        max_ops=0)
+                    res[src].append((r["server_cpu_us_per_op"], r["ops_per_sec"]))
+                finally:
+                    srv.stop()
+                    if srv.data_dir is not None:
+                        shutil.rmtree(srv.data_dir, ignore_errors=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    for src, rows in res.items():
+        us = [x[0] for x in rows if x[0] is not None]
+        ops = [x[1] for x in rows]
+        print(f"{a.point} {src}: server CPU µs/op median {statistics.median(us):.1f} "
+              f"(min {min(us):.1f}, max {max(us):.1f}), ops/s median {statistics.median(ops):,.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
