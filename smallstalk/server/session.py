@@ -83,8 +83,11 @@ def deliver(delivery: tuple) -> None:
     """Hand one turn's replies of a session to its connection."""
     s, out, _mut, done, closing = delivery
     blob = b"".join(out)
-    s.deliver(blob, done, closing)
+    # Taken off before the connection sees it (which adds back what the socket
+    # did not take): its check for room to read again must see the true count,
+    # or a paused connection whose last reply was big stayed paused for good.
     sent(s, len(blob))
+    s.deliver(blob, done, closing)
 
 
 def recount(s: Session, before: list[bytes], after: list[bytes]) -> None:

@@ -114,3 +114,31 @@ async def test_replies_a_client_does_not_read_hold_its_commands_in_order(nursery
     assert not held.held and held.owed == 0
     await slow.aclose()
     await other.aclose()
+
+
+async def test_a_paused_connection_whose_last_reply_is_big_is_read_again(nursery) -> None:
+    """Read ahead past INPUT_AHEAD, a connection leaves the poller's set; its
+    last command's reply (a 2 MiB peek) goes out whole. It must be read again:
+    the room check once counted that reply as still unsent, and nothing woke
+    the connection after, so its next command was never read."""
+    lp, port = await serve_on_loopback(nursery, max_job_size=4 << 20)
+    body = b"b" * (2 << 20)
+    client = await trio.open_tcp_stream("127.0.0.1", port)
+    await client.send_all(p.render(p.Put(0, 0, 60, body)))
+    assert await client.receive_some(100) == b"INSERTED 1\r\n"
+    filler = p.render(p.Put(0, 0, 60, b"f" * 60_000)) * 3  # > INPUT_AHEAD behind the wait
+    await client.send_all(b"watch t\r\nignore default\r\nreserve-with-timeout 1\r\n" + filler
+                          + b"peek 1\r\n")
+    got = bytearray()
+    with trio.fail_after(10):
+        while not got.endswith(body + b"\r\n"):
+            got += await client.receive_some(1 << 20)
+    assert got.startswith(b"WATCHING 2\r\nWATCHING 1\r\nTIMED_OUT\r\nINSERTED 2\r\n"
+                          b"INSERTED 3\r\nINSERTED 4\r\nFOUND 1 %d\r\n" % len(body))
+    await client.send_all(b"peek 1\r\n")  # never read while the connection stayed paused
+    more = bytearray()
+    with trio.fail_after(10):
+        while not more.endswith(body + b"\r\n"):
+            more += await client.receive_some(1 << 20)
+    assert more.startswith(b"FOUND 1 %d\r\n" % len(body))
+    await client.aclose()
