@@ -223,7 +223,7 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
                      if cfg.replica_of else "")
             nursery.start_soon(lp.run)
             nursery.start_soon(serve_listeners, lp, listeners, cfg.max_job_size,
-                               cfg.tls_handshake_timeout)
+                               cfg.tls_handshake_timeout, cfg.max_connections)
             if follower is not None:
                 nursery.start_soon(follower.run)
             if journal is not None and cfg.compact:

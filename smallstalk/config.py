@@ -64,6 +64,8 @@ smallstalk's own:
  --keep-segments-bytes B ...and/or at most B bytes of them, newest first
  --max-memory BYTES      job bodies kept in memory, all tubes together (e.g. 512MB;
                          default 0: unlimited); the rest is read back from the AOF
+ --max-connections N     refuse connections past N with TOO_MANY_CONNECTIONS
+                         (default 10000, less if the fd limit is lower)
 
 Configuration file (see docs/CONFIG.md):
  --config FILE           TOML: a [server] table with the long options' names
@@ -137,6 +139,7 @@ class ServeConfig:
     user: str | None = None
     verbose: int = 0
     max_memory: int = 0  # job-body bytes kept in memory, all tubes together; 0 = unlimited
+    max_connections: int = 0  # 0: 10,000, or fewer under a lower RLIMIT_NOFILE
     http: tuple[str, int] | None = None  # --http ADDR:PORT: metrics and the web console
     # TLS (server/tls.py): a port of its own beside the plaintext one.
     tls_port: int | None = None
@@ -182,6 +185,7 @@ LONG_OPTIONS = {
     "--compact-interval", "--compact-segments", "--keep-segments-hours",
     "--keep-segments-bytes", "--replica-of", "--min-replica-acks", "--replica-ack-timeout",
     "--listen", "--port", "--max-job-size", "--max-memory", "--config", "--http",
+    "--max-connections",
     "--tls-port", "--tls-listen", "--tls-cert", "--tls-key", "--tls-client-ca",
     "--tls-handshake-timeout", "--replica-tls-ca", "--replica-tls-cert", "--replica-tls-key",
     "--admin-token-file", "--admin-allow",
@@ -389,6 +393,8 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
         cfg.http = _host_port(value)
         if cfg.http is None:
             raise UsageError("--http takes ADDR:PORT (e.g. 127.0.0.1:11380)")
+    elif name == "--max-connections":
+        cfg.max_connections = max(_int(value, name), 1)
     elif name == "--max-memory":
         try:
             cfg.max_memory = parse_size(value, name)
@@ -510,6 +516,7 @@ SERVER_KEYS: dict[str, tuple[str, Callable[[object, str], Any]]] = {
     "min-replica-acks": ("min_replica_acks", _count),
     "replica-ack-timeout": ("replica_ack_timeout", _seconds),
     "max-memory": ("max_memory", parse_size),
+    "max-connections": ("max_connections", lambda v, w: max(_count(v, w), 1)),
     "http": ("http", _replica_of),
     "tls-port": ("tls_port", _port),
     "tls-listen": ("tls_listen", _tls_listen),

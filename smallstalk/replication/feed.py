@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("smallstalk.replication.feed")
 
 LIVE_BACKLOG = 10_000  # committed turns a slow replica may fall behind before it is cut off
+LIVE_BYTES = 64 << 20  # ...or bytes of records: a replica that stops reading costs at most this
 HEARTBEAT = 1.0  # seconds
 
 
@@ -72,14 +73,19 @@ class Feed:
         self.segment_files = [open(path, "rb") for path in segments]  # noqa: SIM115
         self.acked = after
         self._send, self.live = trio.open_memory_channel(LIVE_BACKLOG)
+        self.live_bytes = 0  # of records queued in `live`
         self.cut_off = False
 
     def push(self, payloads: list[tuple[int, bytes]]) -> None:
         """Called by the loop after each commit (must not block)."""
         if self.cut_off:
             return
+        size = sum(len(pl) for _seq, pl in payloads)
         try:
+            if self.live_bytes + size > LIVE_BYTES:
+                raise trio.WouldBlock
             self._send.send_nowait(payloads)
+            self.live_bytes += size
         except trio.WouldBlock:
             # Too far behind to keep in memory: end the stream; the replica
             # reconnects and catches up from the files.
@@ -184,6 +190,7 @@ async def run_feed(stream: trio.abc.Stream, feed: Feed, committed) -> None:
             with trio.move_on_after(HEARTBEAT):
                 try:
                     payloads = await feed.live.receive()
+                    feed.live_bytes -= sum(len(pl) for _seq, pl in payloads)
                 except trio.EndOfChannel:
                     log.warning("replica on connection %d fell too far behind; cut off",
                                 feed.session_id)

@@ -30,7 +30,7 @@ import trio
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import READY
-from smallstalk.server.session import Session, deliver
+from smallstalk.server.session import Session, deliver, recount
 from smallstalk.storage.bodies import PUTS
 from smallstalk.storage.journal import INLINE_SYNC_RECORDS, Journal, JournalError
 
@@ -275,9 +275,11 @@ class GroupCommit:
 
     def _sync_written(self) -> None:
         """fsync what is written: here if it is little (the thread hand-off
-        would cost more than the loop could do meanwhile), else in the thread."""
+        would cost more than the loop could do meanwhile), else in the thread,
+        also when a session's slice left commands for the next turn: a flood
+        goes on while the disk syncs."""
         j = self.journal
-        if j.written_seq - j.committed_seq <= INLINE_SYNC_RECORDS:
+        if j.written_seq - j.committed_seq <= INLINE_SYNC_RECORDS and not self.lp.runnable:
             j.sync()
         else:
             j.sync_in_background()
@@ -372,7 +374,9 @@ class GroupCommit:
             log.warning("no replica acknowledged seq %d in %.1fs: answering %s",
                         parked.seq, self.replica_ack_timeout, p.NOT_REPLICATED.strip().decode())
             for s, out, mut, done, closing in parked.deliveries:
-                out = [p.NOT_REPLICATED if m else reply for reply, m in zip(out, mut, strict=True)]
+                was, out = out, [p.NOT_REPLICATED if m else reply
+                                 for reply, m in zip(out, mut, strict=True)]
+                recount(s, was, out)
                 deliver((s, out, mut, done, closing))
 
     # --- disk errors --------------------------------------------------------------------
@@ -384,7 +388,9 @@ class GroupCommit:
         self.failed_until = trio.current_time() + RETRY_AFTER_FAILURE
         self.turn_payloads = []
         for s in self.lp.touched.values():
-            s.out[:] = [p.INTERNAL_ERROR] * len(s.out)
+            errors = [p.INTERNAL_ERROR] * len(s.out)
+            recount(s, s.out, errors)
+            s.out[:] = errors
             s.out_mut[:] = [False] * len(s.out)
         self._reload_state()
 
@@ -399,7 +405,9 @@ class GroupCommit:
                 box[:] = [e]
                 done.set()
             for _need, (s, out, _mut, done, closing) in turn.deliveries:
-                deliver((s, [p.INTERNAL_ERROR] * len(out), [False] * len(out), done, closing))
+                errors = [p.INTERNAL_ERROR] * len(out)
+                recount(s, out, errors)
+                deliver((s, errors, [False] * len(out), done, closing))
         self._reload_state()
 
     def reload_if_stale(self) -> bool:

@@ -1,6 +1,6 @@
-"""Listeners and connection tasks: sockets in, parsed batches to the loop, replies out.
+"""Listeners and connections: sockets in, parsed batches to the loop, replies out.
 
-A connection is a parser fed by the poller, a task of its own, and the
+A connection is a parser fed by the poller, one task of its own, and the
 loop's `deliver` callback:
 
 - the poller (poller.py: one task, one epoll set for every socket) calls the
@@ -8,27 +8,36 @@ loop's `deliver` callback:
   sans-I/O parser and hands every complete command of that read to the
   mutation loop in one hop; the connection is read on without waiting for
   replies, since commands of one connection run in order in the loop
-  whatever their batches. The connection's own task steps in only when the
-  poller stops reading it (throttled, or at the end of its input); where
-  there is no epoll, that task reads for itself;
+  whatever their batches. The connection's task sleeps unless the socket is
+  full (it sends what is queued), the poller stopped reading it (throttled:
+  it puts it back once the backlog has shrunk), or the connection ends;
 - at the end of each turn the loop calls `deliver(replies)`, which writes them
   straight to the socket without blocking. Only what the socket does not take
-  at once is queued, and a flusher task (asleep otherwise) sends it.
+  at once is queued, and the connection's task sends it.
+
+Where there is no epoll, or the stream has no fd of its own (TLS), a
+connection has two tasks instead: one reads, one sends (`serve_connection`).
 
 So a command costs a read, a parse and a share of one poller wake-up and one
 loop turn: no task switch of its own (docs/ARCHITECTURE.md, "The life of a
 command", says what a reader task per connection cost).
 
-Backpressure: reading stops while more than MAX_QUEUED_BYTES of
-its commands wait in the loop (a reserve that waits holds up the commands
-behind it) or of replies wait for the socket (a client that never reads).
-Memory per connection is bounded by that, plus one partial line or body in
-the parser.
+Backpressure: reading stops while more than MAX_QUEUED_BYTES of its commands
+wait in the loop (each counted as its bytes plus COMMAND_COST: a read of
+small commands makes many objects) plus its replies are unsent. The loop
+itself runs none of a session's commands while more than
+session.OUT_BOUND of its replies are unsent (session.py), so a client that
+never reads holds at most that, one reply, and its unread commands; the rest
+stays in the kernel's socket buffers. Such a client is logged once.
+
+Limits: past `max_connections` a new connection is sent REFUSED and closed;
+when accept fails for want of file descriptors the listener retries every
+ACCEPT_RETRY seconds and says so at most once a second.
 
 A client that hangs up or half-closes is noticed at once, also while a reserve
 waits (beanstalkd answers TIMED_OUT then); the connection closes when every
 command before the end of input is answered. A replication feed (`replicate`)
-hands the connection a Feed: the flusher streams it while its reading (the
+hands the connection a Feed: its task streams it while its reading (the
 poller's) passes the replica's acks on.
 """
 
@@ -37,6 +46,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import resource
 import socket as stdsocket
 
 import trio
@@ -46,42 +56,70 @@ from smallstalk.server import poller as poller_mod
 from smallstalk.server import tls
 from smallstalk.server.loop import MutationLoop
 from smallstalk.server.poller import Poller
+from smallstalk.server.session import sent
 
 log = logging.getLogger("smallstalk.server.connection")
 
 RECV_SIZE = 65536
 MAX_QUEUED_BYTES = 1 << 20
+COMMAND_COST = 64  # what a parsed command counts for in backpressure, beyond its bytes
+# Commands read ahead of the loop: a flood is not parsed faster than the loop
+# runs it, so a poller wake-up parses at most one read of it (the others'
+# requests wait behind that parse, not behind a megabyte of it).
+INPUT_AHEAD = 128 << 10
+# The line a connection past --max-connections gets before it is closed
+# (docs/PROTOCOL-EXTENSIONS.md).
+REFUSED = b"TOO_MANY_CONNECTIONS\r\n"
+ACCEPT_RETRY = 0.05  # seconds between accepts while the process is out of fds
+NO_FDS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+MAX_CONNECTIONS = 10_000
+FDS_KEPT = 64  # for data files, when the default limit follows RLIMIT_NOFILE
+
+
+def default_max_connections() -> int:
+    """10,000, or fewer if the fd limit would run out first."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    return max(min(MAX_CONNECTIONS, soft - FDS_KEPT), 1)
 
 
 class _Connection:
-    def __init__(self, lp: MutationLoop, stream: trio.abc.Stream, max_job_size: int,
-                 poller: Poller | None):
+    __slots__ = (
+        "lp", "sock", "stream", "fd", "poller", "parser", "read_bytes", "submitted_bytes",
+        "unsent", "done", "closing", "broken", "closed", "eof", "feed", "paused", "sending",
+        "waiter", "woken", "room", "slow_logged", "session",
+    )
+
+    def __init__(self, lp: MutationLoop, sock, stream: trio.abc.Stream | None,
+                 max_job_size: int, poller: Poller | None):
         self.lp = lp
-        self.stream = stream
-        sock = getattr(stream, "socket", None)
+        self.sock = sock  # a trio socket (the polled path), or None
+        self.stream = stream  # made on first use on the polled path (a full socket, a feed)
         self.fd = sock.fileno() if sock is not None else -1
-        # None: this connection's task reads for itself (no epoll, or no fd).
+        # None: this connection's tasks read for themselves (no epoll, or no fd).
         self.poller = poller if self.fd >= 0 else None
         self.parser = Parser(max_job_size)
         # Input bytes that became commands, for backpressure: all bytes read
         # minus what the parser still holds, counted once per submitted batch.
         self.read_bytes = 0
         self.submitted_bytes = 0
-        self.unsent = bytearray()  # replies the socket has not taken yet
+        self.unsent: list = []  # replies the socket has not taken yet (counted in session.owed)
         self.done = True  # nothing submitted is left unanswered
         self.closing = False  # quit: close once the replies are out
         self.broken = False
         self.closed = False  # the socket is closed: its fd number may belong to another
         self.eof = False
         self.feed = None
-        self.throttled = False  # the reader waits for the backlog to shrink
-        self.sending = False  # the flusher is in send_all: later replies queue behind it
-        # One event per task, each replaced only by its own waiter: a shared one
-        # could be replaced under the other task, which then slept forever.
-        self.changed = trio.Event()  # something the flusher cares about
-        self.room = trio.Event()  # the backlog shrank (a throttled reader)
-        self.stopped = trio.Event()  # the poller stopped reading this connection
-        self.session = lp.open_session(self.deliver, *peer_of(stream))
+        self.paused = False  # out of the poller's set, or the reader waits: backlog too big
+        self.sending = False  # in send_all: later replies queue behind it
+        # The sending task, asleep until `_wake` (something it cares about
+        # changed): a trio.Event and its frames would cost every idle connection.
+        self.waiter = None
+        self.woken = False
+        self.room = None  # the streamed path's reader waits on it for the backlog to shrink
+        self.slow_logged = False
+        self.session = lp.open_session(self.deliver, *peer_of(sock if sock is not None else stream))
 
     # --- called by the loop (synchronously, at the end of a turn) -----------------
 
@@ -90,22 +128,29 @@ class _Connection:
             return  # replies held for an fsync or a replica outlived the connection
         if not isinstance(blob, bytes):
             self.feed = blob
-            self.changed.set()
+            self._wake()
             return
         self.done = done
         if blob and not self.broken:
             if self.unsent or self.sending or self.fd < 0:
-                self.unsent += blob  # never in the middle of what the flusher sends
+                self._queue(blob)  # never in the middle of what is being sent
             else:
                 self._write_now(blob)
         if close:
             self.closing = True
-        # Wake the flusher or a throttled reader only when they have work:
+        # Wake the sender or a throttled reader only when they have work:
         # a wake-up per reply would cost as much as the reply itself.
         if self.unsent or close or (done and self.eof):
-            self.changed.set()
-        if self.throttled:
-            self.room.set()
+            self._wake()
+        if self.paused:
+            self._maybe_room()
+
+    def _maybe_room(self) -> None:
+        if not self._over_limit():
+            if self.room is not None:
+                self.room.set()
+            else:
+                self._wake()
 
     def _write_now(self, blob: bytes) -> None:
         try:
@@ -116,17 +161,24 @@ class _Connection:
             self.broken = True  # the reader sees the hang-up and ends the connection
             return
         if n < len(blob):
-            self.unsent += blob[n:]
+            self._queue(memoryview(blob)[n:])
 
-    # --- the tasks -------------------------------------------------------------------
+    def _queue(self, data) -> None:
+        self.unsent.append(data)
+        s = self.session
+        s.owed += len(data)
+        if s.owed > MAX_QUEUED_BYTES and not self.slow_logged:
+            self._log_slow()
 
-    async def _wait_changed(self) -> None:
-        await self.changed.wait()
-        self.changed = trio.Event()
-
-    async def _wait_room(self) -> None:
-        await self.room.wait()
-        self.room = trio.Event()
+    def _log_slow(self) -> None:
+        self.slow_logged = True
+        try:
+            peer = self.sock.getpeername() if self.sock is not None else "?"
+        except OSError:
+            peer = "?"
+        log.warning("client %s (connection %d) is not reading its replies: %d bytes wait; "
+                    "its further commands wait until it reads (logged once)",
+                    _addr(peer), self.session.id, self.session.owed)
 
     # --- reading ---------------------------------------------------------------------
 
@@ -140,18 +192,22 @@ class _Connection:
             data = b""
         self._received(data)
         if self.eof or self._over_limit():
-            self.poller.remove(self.fd)  # the connection's task takes over (`_polled`)
-            self.stopped.set()
+            self.poller.remove(self.fd)  # the connection's task puts it back (`_polled`)
+            self.paused = True
+            if not self.eof and self.session.owed > MAX_QUEUED_BYTES and not self.slow_logged:
+                self._log_slow()
+            self._wake()
 
     def _over_limit(self) -> bool:
-        return (self.session.inflight + len(self.unsent) > MAX_QUEUED_BYTES
-                and not self.broken)
+        s = self.session
+        return (s.inflight > INPUT_AHEAD or s.inflight + s.owed > MAX_QUEUED_BYTES) \
+            and not self.broken
 
     def _received(self, data: bytes) -> None:
         if not data:
             self.eof = True
             self.lp.end_of_input(self.session)
-            self.changed.set()
+            self._wake()
             return
         parser = self.parser
         parser.feed(data)
@@ -160,26 +216,88 @@ class _Connection:
         if events:
             self.done = False
             used = self.read_bytes - parser.buffered()
-            self.lp.submit(self.session, events, used - self.submitted_bytes)
+            self.lp.submit(self.session, events,
+                           used - self.submitted_bytes + len(events) * COMMAND_COST)
             self.submitted_bytes = used
 
-    async def _wait_stopped(self) -> None:
-        await self.stopped.wait()
-        self.stopped = trio.Event()
+    # --- the tasks -------------------------------------------------------------------
 
-    async def _throttle(self) -> None:
-        """Wait while too much of this connection's input or output is queued."""
-        while self._over_limit():
-            self.throttled = True
-            await self._wait_room()
-        self.throttled = False
+    def _wake(self) -> None:
+        task = self.waiter
+        if task is not None:
+            self.waiter = None
+            trio.lowlevel.reschedule(task)
+        else:
+            self.woken = True
+
+    def _abort(self, _raise_cancel) -> trio.lowlevel.Abort:
+        self.waiter = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    async def _flush(self) -> None:
+        """Send what the socket did not take at once (the session owes it until then)."""
+        if self.stream is None:
+            self.stream = trio.SocketStream(self.sock)
+        chunks, self.unsent = self.unsent, []
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self.sending = True
+        try:
+            await self.stream.send_all(data)
+        finally:
+            self.sending = False
+        sent(self.session, len(data))
+        if self.paused:
+            self._maybe_room()
+
+    async def serve_polled(self, gate: Gate | None = None) -> None:
+        """The polled path's one task: send what queued, put the connection
+        back in the poller's set once a throttled backlog has shrunk, end it
+        (one frame while it sleeps: an idle connection's whole task)."""
+        poller = self.poller
+        try:
+            poller.add(self.fd, self)
+            while True:
+                if self.feed is not None:
+                    await self._run_feed()
+                    return
+                if self.unsent:
+                    await self._flush()
+                    continue
+                if self.closing or self.broken or (self.eof and self.done):
+                    return
+                if self.paused and not self.eof and not self._over_limit():
+                    self.paused = False
+                    poller.add(self.fd, self)
+                if self.woken:
+                    self.woken = False
+                    continue
+                self.waiter = trio.lowlevel.current_task()
+                await trio.lowlevel.wait_task_rescheduled(self._abort)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # the peer went away; closing below releases what it held
+        finally:
+            poller.remove(self.fd)  # before the socket closes: its fd may be reused
+            self.closed = True
+            self.lp.close_session(self.session)
+            self.sock.close()
+            if gate is not None:
+                gate.open -= 1
+
+    async def _run_feed(self) -> None:
+        # A replication feed (replication/feed.py) streams itself.
+        if self.stream is None:
+            self.stream = trio.SocketStream(self.sock)
+        await self.feed.run(self.stream, lambda: self.lp.journal.committed_seq)
 
     async def reader(self) -> None:
-        if self.poller is not None:
-            await self._polled()
-            return
+        """The streamed path's reader (no epoll, or no fd: TLS)."""
         while True:
-            await self._throttle()
+            while self._over_limit():
+                self.paused = True
+                self.room = trio.Event()
+                await self.room.wait()
+            self.paused = False
+            self.room = None
             try:
                 data = await self.stream.receive_some(RECV_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -188,43 +306,35 @@ class _Connection:
             if self.eof:
                 return
 
-    async def _polled(self) -> None:
-        """The poller reads; this task puts the connection back in its set
-        once a throttled backlog has shrunk, and ends at the end of input."""
-        try:
-            while not self.eof:
-                await self._throttle()
-                self.poller.add(self.fd, self)
-                await self._wait_stopped()
-        finally:
-            self.poller.remove(self.fd)  # before the socket closes: its fd may be reused
-
     async def flusher(self, cancel: trio.CancelScope) -> None:
+        """The streamed path's sender."""
         while True:
             if self.feed is not None:
-                # A replication feed (replication/feed.py) streams itself.
-                await self.feed.run(self.stream, lambda: self.lp.journal.committed_seq)
+                await self._run_feed()
                 break
             if self.unsent:
-                data = bytes(self.unsent)
-                self.unsent.clear()
-                self.sending = True
-                try:
-                    await self.stream.send_all(data)
-                finally:
-                    self.sending = False
-                if self.throttled:
-                    self.room.set()
+                await self._flush()
                 continue
             if self.closing or self.broken or (self.eof and self.done):
                 break
-            await self._wait_changed()
+            if self.woken:
+                self.woken = False
+                continue
+            self.waiter = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(self._abort)
         cancel.cancel()
 
 
-def peer_of(stream: trio.abc.Stream) -> tuple[str | None, str]:
-    """(peer address, transport) of a connection, for the admin check (server/admin.py)."""
-    sock = getattr(stream, "socket", None)
+def _addr(peer) -> str:
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer) or "unix socket"
+
+
+def peer_of(stream) -> tuple[str | None, str]:
+    """(peer address, transport) of a connection (a stream or a trio socket), for the
+    admin check (server/admin.py)."""
+    sock = stream if hasattr(stream, "family") else getattr(stream, "socket", None)
     if sock is None:  # a stream wrapping another (TLS)
         inner = getattr(stream, "transport_stream", None)
         sock = getattr(inner, "socket", None)
@@ -240,7 +350,13 @@ def peer_of(stream: trio.abc.Stream) -> tuple[str | None, str]:
 
 async def serve_connection(lp: MutationLoop, stream: trio.abc.Stream, max_job_size: int,
                            poller: Poller | None = None) -> None:
-    conn = _Connection(lp, stream, max_job_size, poller)
+    """Serve one connection given as a stream (two tasks; a SocketStream
+    with a poller is read by the poller, as `serve_socket` does)."""
+    sock = getattr(stream, "socket", None)
+    if poller is not None and sock is not None:
+        await _Connection(lp, sock, None, max_job_size, poller).serve_polled()
+        return
+    conn = _Connection(lp, None, stream, max_job_size, None)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(conn.reader)
@@ -272,25 +388,99 @@ async def open_listeners(addr: str, port: int) -> list[trio.SocketListener]:
     return await trio.open_tcp_listeners(port, host=addr or None, backlog=1024)
 
 
+class Gate:
+    """The connection count against --max-connections."""
+
+    __slots__ = ("limit", "open", "logged_at")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+        self.logged_at = -1.0  # the last refusal logged (once a second at most)
+
+
 async def serve_listeners(lp: MutationLoop, listeners, max_job_size: int,
-                          handshake_timeout: float = tls.HANDSHAKE_TIMEOUT) -> None:
-    """Serve every listener; a TLS listener's clients shake hands first (tls.py)."""
+                          handshake_timeout: float = tls.HANDSHAKE_TIMEOUT,
+                          max_connections: int = 0) -> None:
+    """Accept on every listener and serve each connection (max_connections 0: the
+    default limit); a TLS listener's clients shake hands first (tls.py)."""
     poller = Poller() if poller_mod.available() else None
-
-    async def handler(stream) -> None:
-        if isinstance(stream, trio.SSLStream):
-            if not await tls.handshake(stream, handshake_timeout):
-                return
-        transport = getattr(stream, "transport_stream", stream)
-        if isinstance(transport, trio.SocketStream):
-            try:
-                transport.setsockopt(stdsocket.IPPROTO_TCP, stdsocket.TCP_NODELAY, True)
-            except OSError as e:
-                if e.errno not in (errno.EOPNOTSUPP, errno.ENOPROTOOPT, errno.EINVAL):
-                    raise
-        await serve_connection(lp, stream, max_job_size, poller)
-
+    gate = Gate(max_connections or default_max_connections())
     async with trio.open_nursery() as nursery:
         if poller is not None:
             nursery.start_soon(poller.run)
-        await trio.serve_listeners(handler, listeners)
+        for listener in listeners:
+            nursery.start_soon(_accept, lp, listener, max_job_size, poller, gate,
+                               handshake_timeout, nursery)
+
+
+async def _accept(lp: MutationLoop, listener, max_job_size: int, poller: Poller | None,
+                  gate: Gate, handshake_timeout: float, nursery: trio.Nursery) -> None:
+    lsock = listener.socket
+    logged_at = -1.0
+    while True:
+        try:
+            sock, _addr_ = await lsock.accept()
+        except OSError as e:
+            if e.errno in NO_FDS:
+                # The connection waits in the backlog; no busy retry, one line a second.
+                now = trio.current_time()
+                if now - logged_at >= 1.0:
+                    logged_at = now
+                    log.error("cannot accept connections: %s (%d open); retrying",
+                              os.strerror(e.errno), gate.open)
+                await trio.sleep(ACCEPT_RETRY)
+                continue
+            if e.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
+                continue  # that one connection is gone
+            raise
+        if gate.open >= gate.limit:
+            _refuse(lp, sock, gate)
+            continue
+        if sock.family != stdsocket.AF_UNIX:
+            try:
+                sock.setsockopt(stdsocket.IPPROTO_TCP, stdsocket.TCP_NODELAY, True)
+            except OSError:
+                pass
+        gate.open += 1
+        if isinstance(listener, tls.Listener):
+            nursery.start_soon(_serve_tls, lp, listener.stream(sock), max_job_size,
+                               handshake_timeout, gate)
+        elif poller is not None:
+            nursery.start_soon(_Connection(lp, sock, None, max_job_size, poller).serve_polled,
+                               gate)
+        else:
+            nursery.start_soon(_serve_streamed, lp, sock, max_job_size, gate)
+
+
+async def _serve_streamed(lp: MutationLoop, sock, max_job_size: int, gate: Gate) -> None:
+    try:
+        await serve_connection(lp, trio.SocketStream(sock), max_job_size, None)
+    finally:
+        gate.open -= 1
+
+
+async def _serve_tls(lp: MutationLoop, stream: trio.SSLStream, max_job_size: int,
+                     handshake_timeout: float, gate: Gate) -> None:
+    """A TLS client: its handshake within the timeout, then its own task reads it
+    (an SSLStream has no fd for the poller); it counts from its accept."""
+    try:
+        if await tls.handshake(stream, handshake_timeout):
+            await serve_connection(lp, stream, max_job_size, None)
+    finally:
+        gate.open -= 1
+
+
+def _refuse(lp: MutationLoop, sock, gate: Gate) -> None:
+    """One line saying why, then close: a client past --max-connections never hangs."""
+    lp.refused += 1
+    now = trio.current_time()
+    if now - gate.logged_at >= 1.0:
+        gate.logged_at = now
+        log.warning("refusing connections: %d open, --max-connections is %d (%d refused so far)",
+                    gate.open, gate.limit, lp.refused)
+    try:
+        os.write(sock.fileno(), REFUSED)  # an empty socket buffer takes it at once
+    except OSError:
+        pass
+    sock.close()

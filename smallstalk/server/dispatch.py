@@ -22,6 +22,7 @@ from smallstalk.core.state import BURIED, DELAYED, NS, READY, RESERVED, State, b
 from smallstalk.core.stats import job_stats, tube_stats, tube_stats_ext
 from smallstalk.server.admin import AUTH_FAIL_DELAY, token_matches
 from smallstalk.server.policy import TubePolicy, render
+from smallstalk.server.session import OUT_BOUND
 
 if TYPE_CHECKING:
     from smallstalk.server.loop import MutationLoop
@@ -506,7 +507,10 @@ def extended_stats(lp: MutationLoop) -> list[tuple[str, object]]:
     out += [("max-memory", bodies.max_memory if bodies is not None else 0),
             ("bytes-in-memory", st.body_bytes - st.spilled_bytes),
             ("bytes-on-disk", st.spilled_bytes),
-            ("body-reads", bodies.reads if bodies is not None else 0)]
+            ("body-reads", bodies.reads if bodies is not None else 0),
+            ("current-connections-throttled",
+             sum(1 for x in lp.sessions.values() if x.owed > OUT_BOUND)),
+            ("connections-refused", lp.refused)]
     if lp.role == "replica" and lp.follower is not None:
         out += lp.follower.stats(st)
     else:

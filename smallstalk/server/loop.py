@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -37,7 +38,7 @@ from smallstalk.server import dispatch, timers
 from smallstalk.server.admin import AdminPolicy
 from smallstalk.server.commit import GroupCommit, Unavailable
 from smallstalk.server.policy import ConfigError, Policies, load_policies
-from smallstalk.server.session import Session
+from smallstalk.server.session import OUT_BOUND, SLICE_BYTES, SLICE_COMMANDS, Session
 from smallstalk.storage.aof import FSYNC_ALWAYS
 from smallstalk.storage.bodies import BodyError, spill_record
 from smallstalk.storage.journal import Journal
@@ -92,6 +93,7 @@ class MutationLoop:
         self.counters: dict[str, int] = {}
         self.tube_counters: dict[str, dict[str, int]] = {}  # volatile, per tube
         self.total_connections = 0
+        self.refused = 0  # connections turned away past --max-connections
         self.draining = False
         self.read_only: str | None = None  # reason, when clients may not change state
         self.instance_id = os.urandom(8).hex()
@@ -100,6 +102,10 @@ class MutationLoop:
         self._id_floor = 0  # ids below this were given out (or burned) already
         self._send, self._inbox = trio.open_memory_channel(math.inf)
         self.touched: dict[int, Session] = {}  # sessions with replies this turn
+        # Sessions that used up their slice of a turn with commands left: they
+        # go on next turn, which starts without waiting for input.
+        self.runnable: dict[int, Session] = {}
+        self._resume_cb = self._resume  # one bound method for every session
         # Replication: feeds to replicas (primary), or what we follow (replica).
         self.role = "primary"
         self.feeds: dict[int, object] = {}  # session id -> replication.Feed
@@ -124,10 +130,14 @@ class MutationLoop:
         if self.role == "replica" and sid < REPLICA_SESSIONS:
             sid = REPLICA_SESSIONS
         self._next_conn = sid + 1
-        s = Session(sid, deliver, peer, transport)
+        s = Session(sid, deliver, self._resume_cb, peer, transport)
         s.admin = self.admin.trusts(peer, transport)
         self._send.send_nowait(("open", s))
         return s
+
+    def _resume(self, s: Session) -> None:
+        """A held session's replies drained (session.sent): run its commands again."""
+        self._send.send_nowait(("run", s))
 
     def submit(self, s: Session, events: list, size: int = 0) -> None:
         """Commands for the loop; `size` counts toward the session's backpressure."""
@@ -302,7 +312,7 @@ class MutationLoop:
     async def _run_turns(self) -> None:
         inbox = self._inbox
         while True:
-            wait = timers.seconds_to_next_deadline(self)
+            wait = 0 if self.runnable else timers.seconds_to_next_deadline(self)
             item = None
             if wait is None:
                 item = await inbox.receive()
@@ -310,8 +320,9 @@ class MutationLoop:
                 with trio.move_on_after(wait):
                     item = await inbox.receive()
             else:
-                # A deadline is due now: still let the connections run first
-                # (a turn may not await at all: small commits fsync inline).
+                # A deadline is due now, or a session has commands left: still
+                # let the connections run first (a turn may not await at all:
+                # small commits fsync inline).
                 await trio.lowlevel.checkpoint()
             batch = [] if item is None else [item]
             while True:
@@ -320,18 +331,29 @@ class MutationLoop:
                 except trio.WouldBlock:
                     break
             await self.turn(batch)
+            item = batch = None  # what the last turn saw must not live while the loop waits
 
     async def turn(self, batch: list) -> None:
         self.now = self.clock()
         c = self.commit
         calls: list[tuple[list, trio.Event]] = []
         c.turn_seq0 = self.state.last_seq
+        # Each session runs at most one slice per turn: those left over from
+        # the last turn run after the batch, not also in it.
+        runnable, self.runnable = self.runnable, {}
         for item in batch:
             kind, s = item[0], item[1]
             if kind == "cmds":
-                s.pending.extend(item[2])
+                if s.pending:
+                    s.pending.extend(item[2])
+                else:
+                    s.pending = deque(item[2])
                 s.pending_bytes += item[3]
-                self._run(s)
+                if s.id not in runnable:
+                    self._run(s)
+            elif kind == "run":
+                if s.id not in runnable and s.id in self.sessions:
+                    self._run(s)
             elif kind == "open":
                 self.sessions[s.id] = s
                 self.total_connections += 1
@@ -349,6 +371,10 @@ class MutationLoop:
                 except Exception as e:  # handed back to the caller
                     box.append(e)
                 calls.append((box, done))
+        sessions = self.sessions
+        for s in runnable.values():
+            if s.id in sessions:
+                self._run(s)
         timers.run(self)
         # Grants made possible by this turn's commands (a put for a waiter).
         if not self.read_only and not c.failed_until:
@@ -359,13 +385,20 @@ class MutationLoop:
         await c.finish_turn(calls)
 
     def _run(self, s: Session) -> None:
-        """Run a session's pending commands in order until one blocks."""
+        """Run a session's pending commands in order until one blocks, its
+        slice of the turn is used up, or too many of its replies are unsent."""
         self.touched[s.id] = s
         handlers = dispatch.HANDLERS
         st = self.state
         c = self.commit
         track = c.track_needs
-        while s.pending and not s.blocked and not s.closing:
+        owed = s.owed
+        # Stop past OUT_BOUND unsent, or past this turn's slice: checked
+        # before each command, so one reply of any size may go over.
+        limit = min(OUT_BOUND, owed + SLICE_BYTES)
+        left = SLICE_COMMANDS
+        while s.pending and not s.blocked and not s.closing and owed <= limit and left:
+            left -= 1
             cmd = s.pending.popleft()
             seq0 = st.last_seq
             must0 = c.must_sync
@@ -390,11 +423,21 @@ class MutationLoop:
             elif reply is not dispatch.NOREPLY:
                 s.out.append(reply)
                 s.out_mut.append(st.last_seq != seq0)
+                owed += len(reply)
             if track:
                 c.note_need(s, must0)
-        if not s.pending and s.pending_bytes:
-            s.inflight -= s.pending_bytes
-            s.pending_bytes = 0
+        s.owed = owed
+        if s.pending:
+            if not s.blocked and not s.closing:
+                if owed > OUT_BOUND:
+                    s.held = True  # session.sent resumes it once the socket took enough
+                else:
+                    self.runnable[s.id] = s
+        else:
+            if s.pending_bytes:
+                s.inflight -= s.pending_bytes
+                s.pending_bytes = 0
+            s.pending = ()
 
     def answer_wait(self, s: Session, reply: bytes) -> None:
         """End the wait of `s`'s reserve with `reply`; run what it held up."""
@@ -405,6 +448,7 @@ class MutationLoop:
         s.blocked = False
         s.out.append(reply)
         s.out_mut.append(False)
+        s.owed += len(reply)
         self._run(s)
 
     def park(self, s: Session, reply: bytes, seconds: float) -> None:
@@ -430,6 +474,7 @@ class MutationLoop:
         if self.feeds.pop(s.id, None) is not None:
             self.commit.release_parked()
         self.touched.pop(s.id, None)
+        self.runnable.pop(s.id, None)
         if s.blocked:
             self.volatile(r.WaitStop, s.id)
         if self.state.conn_logged(s.id) and not self.read_only:
@@ -460,10 +505,12 @@ class MutationLoop:
                 c.note_need(s, must0)
             s.blocked = False
             try:
-                s.out.append(p.reserved(job.id, self.body_of(job)))
+                reply = p.reserved(job.id, self.body_of(job))
             except BodyError as e:
                 log.error("answering INTERNAL_ERROR: %s", e)
-                s.out.append(p.INTERNAL_ERROR)
+                reply = p.INTERNAL_ERROR
+            s.out.append(reply)
             s.out_mut.append(True)
+            s.owed += len(reply)
             self._run(s)
 

@@ -50,8 +50,8 @@ class Poller:
         if self._conns.pop(fd, None) is not None:
             try:
                 self._ep.unregister(fd)
-            except OSError:
-                pass  # closed already: the kernel dropped it from the set
+            except (OSError, ValueError):
+                pass  # closed already: the kernel dropped it (or the poller ended)
 
     async def run(self) -> None:
         ep, conns = self._ep, self._conns

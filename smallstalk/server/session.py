@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
+
+# Output backpressure: the loop runs none of a session's commands while more
+# than this many bytes of its replies are unsent (made, and not yet taken by
+# the socket). So a session holds at most this plus one reply, which may be a
+# body as big as -z allows: it is queued alone, and nothing more of that
+# session runs until it has drained.
+OUT_BOUND = 1 << 20
+# Fairness: what one session may do in one loop turn before the others get
+# theirs (the rest of its commands run in the next turns). While a session
+# has commands left, the turn's fsync goes to the fsync thread however few
+# records it has (commit._sync_written), so a flood does not hold the loop.
+SLICE_COMMANDS = 64
+SLICE_BYTES = 16 << 10  # of replies: a `stats` costs as much as ~20 puts
 
 
 class Session:
@@ -12,13 +24,15 @@ class Session:
     __slots__ = (
         "id", "pending", "out", "out_mut", "blocked", "halfclosed", "closing", "producer",
         "worker", "deliver", "wait_deadline", "feed", "view_use", "inflight", "pending_bytes",
-        "need", "peer", "transport", "admin", "parked",
+        "need", "owed", "held", "resume", "peer", "transport", "admin", "parked",
     )
 
-    def __init__(self, sid: int, deliver: Callable, peer: str | None = None,
-                 transport: str = "local"):
+    def __init__(self, sid: int, deliver: Callable, resume: Callable,
+                 peer: str | None = None, transport: str = "local"):
         self.id = sid
-        self.pending: deque = deque()
+        # Commands not run yet: a deque once any arrive (an empty deque costs
+        # ~600 bytes, times every idle connection).
+        self.pending = ()
         self.out: list[bytes] = []
         self.out_mut: list[bool] = []  # did the command behind each reply log a record?
         self.blocked = False
@@ -34,6 +48,14 @@ class Session:
         # reserve holds up everything behind it).
         self.inflight = 0
         self.pending_bytes = 0
+        # Bytes of replies made and not yet taken by the socket: the loop adds
+        # each reply, `deliver` takes off what the connection wrote at once, a
+        # connection adds back what it had to queue and takes it off once sent
+        # (`sent`). Past OUT_BOUND the loop holds the session's commands
+        # (`held`) until `sent` brings it back under and calls `resume(s)`.
+        self.owed = 0
+        self.held = False
+        self.resume = resume
         self.wait_deadline = None
         self.feed = None  # a replication feed: the connection streams records instead
         self.view_use: str | None = None  # `use` on a replica: this connection's view only
@@ -49,7 +71,25 @@ class Session:
         self.parked = False
 
 
+def sent(s: Session, n: int) -> None:
+    """`n` bytes of `s`'s replies left for the client: held commands may run again."""
+    s.owed -= n
+    if s.held and s.owed <= OUT_BOUND:
+        s.held = False
+        s.resume(s)
+
+
 def deliver(delivery: tuple) -> None:
     """Hand one turn's replies of a session to its connection."""
     s, out, _mut, done, closing = delivery
-    s.deliver(b"".join(out), done, closing)
+    blob = b"".join(out)
+    # Taken off before the connection sees it (which adds back what the socket
+    # did not take): its check for room to read again must see the true count,
+    # or a paused connection whose last reply was big stayed paused for good.
+    sent(s, len(blob))
+    s.deliver(blob, done, closing)
+
+
+def recount(s: Session, before: list[bytes], after: list[bytes]) -> None:
+    """Replies were replaced (an error answers them instead): what `s` owes changes."""
+    s.owed += sum(map(len, after)) - sum(map(len, before))

@@ -117,9 +117,23 @@ def replica_context(ca: Path | None, cert: Path | None = None,
     return ctx
 
 
-def listener(sock: trio.socket.SocketType, ctx: ssl.SSLContext) -> trio.SSLListener:
-    """A TLS listener on a bound socket; its streams have not shaken hands yet."""
-    return trio.SSLListener(trio.SocketListener(sock), ctx, https_compatible=True)
+@attrs.frozen
+class Listener:
+    """A bound socket whose clients speak TLS; connection.py accepts on `socket`
+    (counting its connections like the plaintext ones) and wraps each in `stream`."""
+
+    socket: trio.socket.SocketType
+    context: ssl.SSLContext
+
+    def stream(self, sock: trio.socket.SocketType) -> trio.SSLStream:
+        """An accepted client's stream; it has not shaken hands yet (`handshake`)."""
+        return trio.SSLStream(trio.SocketStream(sock), self.context, server_side=True,
+                              https_compatible=True)
+
+
+def listener(sock: trio.socket.SocketType, ctx: ssl.SSLContext) -> Listener:
+    """A TLS listener on a bound socket."""
+    return Listener(sock, ctx)
 
 
 def _peer(stream: trio.SSLStream) -> str:

@@ -262,3 +262,24 @@ def test_unusable_certificate_files_stop_the_server_with_one_line(
             "--tls-key", key)
     finally:
         busy.close()
+
+
+def test_tls_connections_count_against_max_connections(tmp_path: Path, certs: Certs) -> None:
+    tls_port = free_port()
+    srv = start_smallstalk(tmp_path, *certs.server_flags(tls_port), "--max-connections", "2")
+    try:
+        with Client(tls_port, ssl_context=certs.client_context()) as secure, \
+                Client(srv.port) as plain:
+            put_reserve_delete(secure)
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as extra:
+                got = b""
+                while chunk := extra.recv(100):
+                    got += chunk
+                assert got == b"TOO_MANY_CONNECTIONS\r\n"
+            assert plain.ext_stats()["connections-refused"] == "1"
+            secure.close()
+            wait_for(lambda: plain.stats()["current-connections"] == "1", 10, "the TLS close")
+            with Client(srv.port) as again:  # the TLS client's place came free
+                assert again.stats()["current-connections"] == "2"
+    finally:
+        srv.stop()

@@ -79,12 +79,13 @@ def make_loop(data_dir: Path | None = None, **journal_kw) -> MutationLoop:
     return MutationLoop(state, journal, data_dir, clock=mock_wall_clock)
 
 
-async def serve_on_loopback(nursery: trio.Nursery) -> tuple[MutationLoop, int]:
+async def serve_on_loopback(nursery: trio.Nursery, max_job_size: int = p.DEFAULT_MAX_JOB_SIZE
+                            ) -> tuple[MutationLoop, int]:
     """An in-memory loop and the real server in front of it on 127.0.0.1: (loop, port)."""
     from smallstalk.server.connection import open_listeners, serve_listeners
 
     lp = make_loop()
     nursery.start_soon(lp.run)
     listeners = await open_listeners("127.0.0.1", 0)
-    nursery.start_soon(serve_listeners, lp, listeners, p.DEFAULT_MAX_JOB_SIZE)
+    nursery.start_soon(serve_listeners, lp, listeners, max_job_size)
     return lp, listeners[0].socket.getsockname()[1]

@@ -1,0 +1,243 @@
+"""What one hostile or careless client can make a real server do (README, Limits and abuse).
+
+A real server process on 127.0.0.1, real sockets, memory read from
+/proc/PID/status (VmHWM, the peak, reset before each flood through
+clear_refs): floods that are never read keep the server's memory bounded,
+and the bound holds again once the flooding connections are gone; idle
+connections are cheap; past --max-connections a client is told why and
+closed; running out of file descriptors neither crashes nor spins; a client
+that stops reading still loses its reservations to TTR. Floods are bounded
+in bytes and seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ..support.bsclient import Client, connect
+from ..support.procs import Server, free_port, listening, start_smallstalk, wait_for
+
+MiB = 1 << 20
+FLOOD_SECONDS = 4.0  # how long a flood may take to fill every buffer
+
+
+def status(pid: int) -> dict[str, int]:
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if value.strip().endswith("kB"):
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def reset_peak(pid: int) -> None:
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def flood(socks: list[socket.socket], data: bytes, seconds: float = FLOOD_SECONDS) -> int:
+    """Send `data` on every socket without reading, until all is sent or the
+    server has stopped taking any for a second (its reading is throttled)."""
+    for s in socks:
+        s.setblocking(False)
+    views = {s: memoryview(data) for s in socks}
+    sent, progress = 0, time.monotonic()
+    deadline = progress + seconds
+    while views and time.monotonic() < deadline and time.monotonic() - progress < 1.0:
+        for s, view in list(views.items()):
+            try:
+                n = s.send(view[:1 << 20])
+            except BlockingIOError:
+                continue
+            sent += n
+            progress = time.monotonic()
+            if n == len(view):
+                del views[s]
+            else:
+                views[s] = view[n:]
+        time.sleep(0.001)
+    return sent
+
+
+def settle(server: Server, connections: int) -> dict[str, str]:
+    """Stats once the server has seen exactly `connections` (plus this one)."""
+    with connect(server.port) as c:
+        wait_for(lambda: int(c.stats()["current-connections"]) == connections + 1, 20,
+                 "the connections to come and go")
+        return c.stats()
+
+
+def round_trip(c: Client, cmd: bytes) -> float:
+    t0 = time.perf_counter()
+    c.call(cmd)
+    return time.perf_counter() - t0
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = start_smallstalk(tmp_path, "--fsync", "never", data_dir=tmp_path / "data")
+    yield srv
+    srv.stop()
+
+
+def test_unread_peek_floods_stay_bounded_and_others_are_served(server) -> None:
+    with connect(server.port) as other:
+        job = other.put(b"x" * 60_000).id
+        other.call(b"stats\r\n")  # warm: the first stats imports and allocates
+        base = status(server.pid)["VmRSS"]
+        reset_peak(server.pid)
+        flooders = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]
+        # All of it fits in the kernel's buffers on loopback; what the server
+        # has not read yet stays there.
+        flood(flooders, b"peek %d\r\n" % job * 200_000)
+        wait_for(lambda: other.ext_stats()["current-connections-throttled"] == "4", 20,
+                 "all four flooders to be throttled")
+        waits = [round_trip(other, b"stats-job %d\r\n" % job) for _ in range(50)]
+        grown = status(server.pid)["VmHWM"] - base
+        print(f"4 unread peek floods: RSS +{grown / MiB:.1f} MiB, other client max "
+              f"{max(waits) * 1000:.1f} ms")
+        assert grown <= 64 * MiB, f"RSS grew {grown / MiB:.1f} MiB"
+        assert max(waits) < 1.0, waits  # beanstalkd-like: others are served meanwhile
+        for s in flooders:
+            s.close()
+        settle(server, 1)
+        assert status(server.pid)["VmRSS"] - base <= 64 * MiB
+    log = server.log()
+    assert log.count("is not reading its replies") == 4
+    assert "client 127.0.0.1:" in log
+
+
+def test_unread_stats_flood_stays_bounded(server) -> None:
+    with connect(server.port) as other:
+        other.call(b"stats\r\n")
+        base = status(server.pid)["VmRSS"]
+        reset_peak(server.pid)
+        flooder = socket.create_connection(("127.0.0.1", server.port))
+        data = b"stats\r\n" * 70_000
+        sent = flood([flooder], data)
+        assert round_trip(other, b"stats\r\n") < 1.0
+        grown = status(server.pid)["VmHWM"] - base
+        print(f"unread stats flood: RSS +{grown / MiB:.1f} MiB")
+        assert grown <= 32 * MiB, f"RSS grew {grown / MiB:.1f} MiB"
+        # Held, not lost: once the client reads, its commands run on.
+        flooder.setblocking(True)
+        flooder.settimeout(30)
+        replies, tail = 0, b""
+        with contextlib.closing(flooder):
+            while replies < 5_000:
+                chunk = flooder.recv(1 << 20)
+                assert chunk, f"closed after {replies} replies"
+                replies += (tail + chunk).count(b"\r\n---\n")
+                tail = chunk[-6:]
+        assert sent > 5_000 * len(b"stats\r\n")
+        settle(server, 1)
+        assert status(server.pid)["VmRSS"] - base <= 32 * MiB
+
+
+def test_idle_connections_are_cheap_and_leave_nothing(server) -> None:
+    n = 2000
+    settle(server, 0)
+    base = status(server.pid)["VmRSS"]
+    peaks, after = [], []
+    for _round in range(3):
+        socks = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(n)]
+        try:
+            settle(server, n)
+            peaks.append(status(server.pid)["VmRSS"] - base)
+        finally:
+            for s in socks:
+                s.close()
+        settle(server, 0)
+        after.append(status(server.pid)["VmRSS"] - base)
+    per = peaks[0] / n
+    print(f"idle connections: {per:.0f} bytes each")
+    assert per <= 4096, f"{per:.0f} bytes per idle connection"
+    # Nothing leaks: the allocator keeps what it freed (RSS does not go back
+    # down), and later rounds reuse it instead of growing each time.
+    assert peaks[2] - peaks[1] <= 1 * MiB, peaks
+    assert max(peaks + after) <= n * 4096 + 2 * MiB, (peaks, after)
+
+
+def test_past_max_connections_a_client_is_told_and_closed(tmp_path) -> None:
+    http = free_port()
+    server = start_smallstalk(tmp_path, "--max-connections", "3", "--http", f"127.0.0.1:{http}")
+    try:
+        kept = [connect(server.port) for _ in range(3)]
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as extra:
+            got = b""
+            while chunk := extra.recv(100):
+                got += chunk
+            assert got == b"TOO_MANY_CONNECTIONS\r\n"
+        assert kept[0].ext_stats()["connections-refused"] == "1"
+        assert "refusing connections: 3 open, --max-connections is 3" in server.log()
+        kept[0].close()
+        wait_for(lambda: kept[1].stats()["current-connections"] == "2", 10, "the close")
+        with connect(server.port) as again:  # a place came free
+            assert again.ext_stats()["connections-refused"] == "1"
+        for c in kept[1:]:
+            c.close()
+        wait_for(lambda: listening(http), 20, "the console")
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=20) as resp:
+            metrics = resp.read().decode()
+        assert "\nsmallstalk_connections_refused 1.0\n" in metrics
+        assert "\nsmallstalk_current_connections_throttled 0.0\n" in metrics
+    finally:
+        server.stop()
+
+
+def test_out_of_file_descriptors_neither_crashes_nor_spins(tmp_path) -> None:
+    server = start_smallstalk(tmp_path, "--max-connections", "1000")
+    try:
+        first = connect(server.port)
+        first.call(b"stats\r\n")
+        fds = len(os.listdir(f"/proc/{server.pid}/fd"))
+        resource.prlimit(server.pid, resource.RLIMIT_NOFILE, (fds + 4, fds + 4))
+        clients = [connect(server.port) for _ in range(4)]  # the last fds
+        for c in clients:
+            c.call(b"list-tube-used\r\n")
+        # Accepted by the kernel, not by the server: it waits in the backlog.
+        waiting = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        waiting.sendall(b"list-tube-used\r\n")
+        wait_for(lambda: "cannot accept connections" in server.log(), 10, "the EMFILE line")
+        cpu0, t0 = cpu_seconds(server.pid), time.monotonic()
+        time.sleep(1.5)
+        assert first.call(b"list-tube-used\r\n").line == b"USING default"
+        busy = (cpu_seconds(server.pid) - cpu0) / (time.monotonic() - t0)
+        assert busy < 0.3, f"the server used {busy:.0%} of a core while out of fds"
+        lines = server.log().count("cannot accept connections")
+        assert 1 <= lines <= 1 + (time.monotonic() - t0) + 2
+        clients[0].close()  # an fd comes free: the waiting client is served
+        waiting.settimeout(10)
+        assert waiting.recv(100) == b"USING default\r\n"
+        waiting.close()
+        assert server.proc.poll() is None
+    finally:
+        server.stop()
+
+
+def test_a_client_that_stops_reading_still_loses_its_reservation_to_ttr(server) -> None:
+    with connect(server.port) as producer:
+        job = producer.put(b"y" * 60_000, ttr=1).id
+        slow = socket.create_connection(("127.0.0.1", server.port))
+        slow.sendall(b"reserve\r\n")
+        wait_for(lambda: producer.stats_job(job)["state"] == "reserved", 10, "the reserve")
+        flood([slow], b"peek %d\r\n" % job * 100_000, seconds=2.0)
+        # TTR gives the job back while the slow client's replies wait.
+        wait_for(lambda: producer.stats_job(job)["state"] == "ready", 10, "the TTR")
+        worker = connect(server.port)
+        assert worker.call(b"reserve-with-timeout 5\r\n").id == job
+        worker.close()
+        slow.close()
+    assert server.log().count("is not reading its replies") == 1
