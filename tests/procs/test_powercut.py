@@ -317,8 +317,8 @@ def test_a_replica_installing_a_snapshot_survives_a_power_cut(
     with connect(primary.port) as c:
         before = [r.id for r in c.pipeline([b"put 0 0 60 4\r\nold%d\r\n" % (i % 10)
                                             for i in range(200)])]
-        for _ in range(25):  # close the last segment with them
-            assert c.call(b"use filler\r\n").status == b"USING"
+        for i in range(25):  # close the last segment with them (each use is a record)
+            assert c.call(b"use filler%d\r\n" % (i % 2)).status == b"USING"
     aof_dir = primary_data / "aof"
     wait_for(lambda: aof.list_segments(aof_dir)[0][0] > 200, 30.0,
              "the primary compacting past the puts")
