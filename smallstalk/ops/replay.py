@@ -267,11 +267,12 @@ def write_snapshot(state: State, target: Path) -> Path:
     if target.is_dir():
         return snapshot.write(target, state.last_seq, snapshot_codec.dump(state))
     parent = target.parent
-    parent.mkdir(parents=True, exist_ok=True)
+    aof.make_dirs(parent)
     tmp = Path(tempfile.mkdtemp(prefix=".smallstalk-replay-", dir=parent))
     try:
         written = snapshot.write(tmp, state.last_seq, snapshot_codec.dump(state))
         os.replace(written, target)
+        aof.fsync_dir(parent)  # the recovery procedure serves this file next
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
