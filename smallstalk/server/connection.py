@@ -404,7 +404,7 @@ async def serve_listeners(lp: MutationLoop, listeners, max_job_size: int,
                           max_connections: int = 0) -> None:
     """Accept on every listener and serve each connection (max_connections 0: the
     default limit); a TLS listener's clients shake hands first (tls.py)."""
-    poller = Poller() if poller_mod.available() else None
+    poller = Poller(lp) if poller_mod.available() else None
     gate = Gate(max_connections or default_max_connections())
     async with trio.open_nursery() as nursery:
         if poller is not None:

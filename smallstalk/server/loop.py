@@ -1,7 +1,11 @@
 """The mutation loop: the one task that changes queue state.
 
-Connection tasks send it whole batches of parsed commands (one channel hop per
-received chunk, not per command). Each turn of the loop:
+Connections hand it whole batches of parsed commands (one inbox item per
+received chunk, not per command). The poller (poller.py) reads every readable
+socket in one pass and then runs the turn for what it read itself
+(`end_batch`), so a request/response command costs no wake-up of the loop's
+own task; that task runs the turns of everything else (timers, calls,
+connections read by their own tasks), and one turn runs at a time. Each turn:
 
 1. takes every item waiting in its inbox (commands, end-of-input, close);
 2. runs each session's commands in order through `dispatch`, which logs a
@@ -100,7 +104,16 @@ class MutationLoop:
         self._next_conn = state.next_conn_id
         self._seq = state.last_seq  # used when there is no journal
         self._id_floor = 0  # ids below this were given out (or burned) already
-        self._send, self._inbox = trio.open_memory_channel(math.inf)
+        # The inbox: what connections hand the loop, taken whole by the next
+        # turn. The loop task sleeps in `_wait_for_input` (`_waiter`) until an
+        # item comes or a timer is due; while the poller passes over the
+        # readable sockets (`batching`), items wake nobody: the poller runs
+        # their turn itself when its pass ends (`run_direct`).
+        self._inbox: deque = deque()
+        self._waiter = None  # the loop task, asleep until input or its deadline
+        self._wake_at = math.inf  # trio time at which that sleep ends by itself
+        self._turning = False  # a turn is running (it may await: one at a time)
+        self.batching = False
         self.touched: dict[int, Session] = {}  # sessions with replies this turn
         # Sessions that used up their slice of a turn with commands left: they
         # go on next turn, which starts without waiting for input.
@@ -132,29 +145,40 @@ class MutationLoop:
         self._next_conn = sid + 1
         s = Session(sid, deliver, self._resume_cb, peer, transport)
         s.admin = self.admin.trusts(peer, transport)
-        self._send.send_nowait(("open", s))
+        self._post(("open", s))
         return s
+
+    def _post(self, item: tuple) -> None:
+        self._inbox.append(item)
+        if not self.batching:
+            self._wake()
+
+    def _wake(self) -> None:
+        task = self._waiter
+        if task is not None:
+            self._waiter = None
+            trio.lowlevel.reschedule(task)
 
     def _resume(self, s: Session) -> None:
         """A held session's replies drained (session.sent): run its commands again."""
-        self._send.send_nowait(("run", s))
+        self._post(("run", s))
 
     def submit(self, s: Session, events: list, size: int = 0) -> None:
         """Commands for the loop; `size` counts toward the session's backpressure."""
         s.inflight += size
-        self._send.send_nowait(("cmds", s, events, size))
+        self._post(("cmds", s, events, size))
 
     def end_of_input(self, s: Session) -> None:
-        self._send.send_nowait(("eof", s))
+        self._post(("eof", s))
 
     def close_session(self, s: Session) -> None:
-        self._send.send_nowait(("close", s))
+        self._post(("close", s))
 
     async def call(self, fn: Callable, *args):
         """Run fn(*args) inside a loop turn (so it may touch state); return its result."""
         done = trio.Event()
         box: list = []
-        self._send.send_nowait(("call", (fn, args, box, done)))
+        self._post(("call", (fn, args, box, done)))
         await done.wait()
         if isinstance(box[0], BaseException):
             raise box[0]
@@ -312,26 +336,73 @@ class MutationLoop:
     async def _run_turns(self) -> None:
         inbox = self._inbox
         while True:
+            if self._turning:
+                # The poller's turn awaits (a rotation, an fsync in a thread):
+                # its end wakes this task.
+                await self._wait_for_input(None)
+                continue
             wait = 0 if self.runnable else timers.seconds_to_next_deadline(self)
-            item = None
-            if wait is None:
-                item = await inbox.receive()
-            elif wait > 0:
-                with trio.move_on_after(wait):
-                    item = await inbox.receive()
+            if not inbox and wait != 0:
+                await self._wait_for_input(wait)
             else:
-                # A deadline is due now, or a session has commands left: still
-                # let the connections run first (a turn may not await at all:
-                # small commits fsync inline).
+                # Input waits, a deadline is due now, or a session has commands
+                # left: still let the connections run first (a turn may not
+                # await at all: small commits fsync inline).
                 await trio.lowlevel.checkpoint()
-            batch = [] if item is None else [item]
-            while True:
-                try:
-                    batch.append(inbox.receive_nowait())
-                except trio.WouldBlock:
-                    break
+            if not self._turning:
+                await self._turn_on_inbox()
+
+    # --- the poller's pass (server/poller.py) -----------------------------------
+
+    def begin_batch(self) -> None:
+        """The poller starts a pass over the readable sockets: what they hand
+        the loop wakes nobody until `end_batch`."""
+        self.batching = True
+
+    async def end_batch(self) -> None:
+        """The poller's pass ended: run the turn for what it read, in the
+        poller's task (a wake-up of the loop task saved per pass). The loop
+        task still runs the turns of everything else, one turn at a time."""
+        self.batching = False
+        if self._turning:
+            return  # the running turn's end wakes the loop task for this input
+        if not self._inbox:
+            return
+        await self._turn_on_inbox()
+        # The loop task sleeps until its last deadline: wake it if this turn
+        # made an earlier one (a delay, a TTR, a waiting reserve).
+        if self._waiter is not None:
+            wait = timers.seconds_to_next_deadline(self)
+            if wait is not None and trio.current_time() + wait < self._wake_at:
+                self._wake()
+
+    async def _turn_on_inbox(self) -> None:
+        inbox = self._inbox
+        batch = list(inbox)
+        inbox.clear()
+        self._turning = True
+        try:
             await self.turn(batch)
-            item = batch = None  # what the last turn saw must not live while the loop waits
+        finally:
+            self._turning = False
+            if inbox or self.runnable or self._wake_at == -math.inf:
+                self._wake()  # what came while the turn awaited, a slice left over
+
+    async def _wait_for_input(self, wait: float | None) -> None:
+        """Sleep until `_post` wakes the loop task or `wait` seconds pass."""
+        self._waiter = trio.lowlevel.current_task()
+        if wait is None:
+            # -inf: waiting for a running turn to end, which wakes it.
+            self._wake_at = -math.inf if self._turning else math.inf
+            await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
+            return
+        self._wake_at = trio.current_time() + wait
+        with trio.move_on_after(wait):
+            await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
+
+    def _abort_wait(self, _raise_cancel) -> trio.lowlevel.Abort:
+        self._waiter = None
+        return trio.lowlevel.Abort.SUCCEEDED
 
     async def turn(self, batch: list) -> None:
         self.now = self.clock()

@@ -7,8 +7,9 @@ the 2-core machines here (README, Performance). The `Poller` keeps an epoll
 set of its own (level-triggered, a socket registered once), waits on it as a
 single fd in trio, and on each wake-up calls every readable connection's
 `on_readable`, which reads once, parses, and hands the commands to the
-mutation loop. Commands from many connections then reach the loop in one
-scheduling round, as before, without a task switch each.
+mutation loop. When the pass ends it runs the loop's turn for everything it
+read (`Batcher.end_batch`): commands from many connections are answered in
+one turn, without a task switch per connection nor one to the loop's task.
 
 A connection leaves the set when it must not be read: throttled
 (backpressure), at the end of its input, and before its socket closes (so a
@@ -32,12 +33,21 @@ class Readable(Protocol):
     def on_readable(self) -> None: ...
 
 
+class Batcher(Protocol):
+    """The mutation loop, as the poller sees it (server/loop.py)."""
+
+    def begin_batch(self) -> None: ...
+
+    async def end_batch(self) -> None: ...
+
+
 def available() -> bool:
     return hasattr(select, "epoll")
 
 
 class Poller:
-    def __init__(self) -> None:
+    def __init__(self, batcher: Batcher) -> None:
+        self._batcher = batcher
         self._ep = select.epoll()
         self._conns: dict[int, Readable] = {}
 
@@ -54,13 +64,15 @@ class Poller:
                 pass  # closed already: the kernel dropped it (or the poller ended)
 
     async def run(self) -> None:
-        ep, conns = self._ep, self._conns
+        ep, conns, batcher = self._ep, self._conns, self._batcher
         try:
             while True:
                 await trio.lowlevel.wait_readable(ep.fileno())
+                batcher.begin_batch()
                 for fd, _events in ep.poll(0):
                     conn = conns.get(fd)
                     if conn is not None:
                         conn.on_readable()
+                await batcher.end_batch()
         finally:
             ep.close()
