@@ -79,6 +79,25 @@ class Job:
 new_bare_job = object.__new__
 
 
+SHARED_INTS = 4096  # distinct values a state shares (Moves.ints); past that, copies
+
+
+def share(ints: dict[int, int], v: int) -> int:
+    """The state's one copy of `v` (a priority or TTR): a million jobs with
+    pri 1024 then hold one int object, not a million 32-byte ones.
+
+    Ensures: the result == v; at most SHARED_INTS values are kept.
+    """
+    if v <= 256:
+        return v  # CPython's own small ints
+    q = ints.get(v)
+    if q is not None:
+        return q
+    if len(ints) < SHARED_INTS:
+        ints[v] = v
+    return v
+
+
 def body_len(body: bytes | int) -> int:
     return body & M32 if isinstance(body, int) else len(body)
 

@@ -26,6 +26,7 @@ from smallstalk.core.model import (
     body_len,
     fanout_parent,
     ready_key,
+    share,
     swap_remove,
 )
 
@@ -56,6 +57,10 @@ class Moves:
         # a 14th slot moves every Job to the next allocation size (+16 bytes).
         self.expires: dict[int, int] = {}
         self.fanout: dict[str, list[str]] = {}  # parent -> fanout tubes, oldest first
+        # One int object per priority or TTR value seen (up to SHARED_INTS):
+        # CPython caches only -5..256, so every job with the usual pri 1024
+        # held its own 32-byte int (see `share`).
+        self.ints: dict[int, int] = {}
         self.body_bytes = 0  # bytes of all bodies
         self.spilled_bytes = 0  # ...of which on disk
         # Told the reference of a spilled body whose job goes, by whoever owns
@@ -184,7 +189,8 @@ class Moves:
         if jid in self.jobs or jid < self.next_job_id:
             raise StateError(f"job id {jid} reused")
         t = self.add_tube(tube)
-        j = Job(jid, t, rec.pri, rec.delay, max(rec.ttr, 1), body, rec.time)
+        j = Job(jid, t, share(self.ints, rec.pri), rec.delay, share(self.ints, max(rec.ttr, 1)),
+                body, rec.time)
         if expires:
             self.expires[jid] = expires
         self.jobs[jid] = j

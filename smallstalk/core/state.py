@@ -55,6 +55,7 @@ from smallstalk.core.model import (
     body_len,
     fanout_parent,
     new_bare_job,
+    share,
     swap_remove,
 )
 from smallstalk.core.moves import Moves
@@ -128,8 +129,14 @@ class State(Moves, Queries):
         j = new_bare_job(Job)
         j.id = id
         j.tube = t
+        # share(self.ints, ...), inlined: a restart makes a million of these.
+        ints = self.ints
+        if pri > 256:
+            pri = ints.get(pri) or share(ints, pri)
         j.pri = pri
         j.delay = delay
+        if ttr > 256:
+            ttr = ints.get(ttr) or share(ints, ttr)
         j.ttr = 1 if 1 > ttr else ttr
         j.body = body
         j.created = time

@@ -24,6 +24,7 @@ from smallstalk.core.model import (
     body_len,
     fanout_parent,
     new_bare_job,
+    share,
 )
 from smallstalk.core.state import State
 
@@ -79,6 +80,8 @@ def load(items: Iterable[list]) -> State:
     expires = s.expires
     expiry_heap = s.expiry_heap
     new_job = new_bare_job
+    ints = s.ints
+    last_created = None
     # Jobs come in runs of one tube: the tube and its ready keys are looked
     # up when the name changes. Any other item may change the tubes.
     last_tube = t = keys = None
@@ -103,10 +106,19 @@ def load(items: Iterable[list]) -> State:
             j = new_job(Job)  # Job.__init__, inlined as in apply_put
             j.id = jid
             j.tube = t
+            if pri > 256:
+                pri = ints.get(pri) or share(ints, pri)
             j.pri = pri
             j.delay = delay
+            if ttr > 256:
+                ttr = ints.get(ttr) or share(ints, ttr)
             j.ttr = ttr
             j.body = body
+            # Jobs of one turn were made at one time: share that int too.
+            if created == last_created:
+                created = last_created
+            else:
+                last_created = created
             j.created = created
             j.state = READY
             j.deadline = j.reserver = j.gen = 0
