@@ -26,9 +26,14 @@ if not (shutil.which("chromium") and shutil.which("chromedriver")):
     pytest.skip("Debian's chromium and chromium-driver are not installed",
                 allow_module_level=True)
 
+from selenium.common.exceptions import (  # noqa: E402
+    NoSuchElementException,
+    StaleElementReferenceException,
+)
 from selenium.webdriver.chrome.options import Options  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
 
 IMG = REPO / "docs" / "img"
 
@@ -172,6 +177,10 @@ def test_travel_back_to_before_a_burst(console, browser) -> None:
     row = browser.find_element(By.CSS_SELECTOR, '#travel-tubes tr[data-tube="burst"]')
     assert row.find_element(By.CSS_SELECTOR, ".ready").text == "1"
     browser.find_element(By.ID, "next").click()  # one record later: one more job
+    # The click starts a navigation: wait for the next page, not the old one.
+    WebDriverWait(browser, 30, ignored_exceptions=(NoSuchElementException,
+                                                   StaleElementReferenceException)).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, "#at-seq").text == str(before + 1))
     row = browser.find_element(By.CSS_SELECTOR, '#travel-tubes tr[data-tube="burst"]')
     assert row.find_element(By.CSS_SELECTOR, ".ready").text == "2"
     browser.get(url + "/travel?seq=999999999")
