@@ -113,6 +113,9 @@ _PUT = re.compile(rb"put +([0-9]+) +([0-9]+) +([0-9]+) +([0-9]+)")
 # digits and single spaces hold no CR, so beanstalkd's line rules agree when
 # the line fits its window. Anything else takes the general path.
 _PUT_LINE = re.compile(rb"put ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1,10})\r\n")
+# What `Parser._last` holds before any put: a line and its true numbers (so
+# even input that repeats it gets the answer the regex path would give).
+_FIRST_PUT = (b"put 0 0 1 0\r\n", 0, 0, 1, 0)
 
 
 def _read_uint(line: bytes, pos: int, limit: int, to_end: bool) -> tuple[int, int]:
@@ -404,7 +407,7 @@ class Parser:
     `feed(data)` then `events()` returns every complete event so far, in order.
     """
 
-    __slots__ = ("_buf", "_mode", "_put", "_skip", "max_job_size")
+    __slots__ = ("_buf", "_mode", "_put", "_skip", "max_job_size", "_last")
 
     def __init__(self, max_job_size: int = DEFAULT_MAX_JOB_SIZE) -> None:
         self.max_job_size = max_job_size
@@ -412,6 +415,10 @@ class Parser:
         self._mode = _LINE
         self._put: _PutHeader | None = None
         self._skip = 0  # body bytes still to throw away in _SKIP mode
+        # The last everyday put line that passed, whole, and its numbers: a
+        # producer repeats it, and matching its bytes again skips the regex
+        # and the int conversions (about a third of parsing a put).
+        self._last: tuple[bytes, int, int, int, int] = _FIRST_PUT
 
     def buffered(self) -> int:
         """Bytes held that do not yet form a complete event."""
@@ -447,9 +454,17 @@ class Parser:
         n = len(buf)
         put_line = _PUT_LINE.match
         max_size = self.max_job_size
+        last = self._last
         while True:
             mode = self._mode
             if mode == _LINE:
+                if buf.startswith(last[0], pos):
+                    line, pri, delay, ttr, size = last
+                    stop = pos + len(line)
+                    if n - stop >= size + 2 and buf[stop + size:stop + size + 2] == b"\r\n":
+                        out.append(Put(pri, delay, ttr, bytes(buf[stop:stop + size])))
+                        pos = stop + size + 2
+                        continue
                 m = put_line(buf, pos)
                 if m is not None:
                     stop = m.end()
@@ -457,7 +472,9 @@ class Parser:
                     if (stop - pos <= LINE_MAX and size <= max_size and pri <= U32_MAX
                             and delay <= U32_MAX and ttr <= U32_MAX
                             and n - stop >= size + 2 and buf[stop + size:stop + size + 2] == b"\r\n"):
-                        out.append(Put(pri, delay, ttr or 1, bytes(buf[stop:stop + size])))
+                        ttr = ttr or 1
+                        out.append(Put(pri, delay, ttr, bytes(buf[stop:stop + size])))
+                        last = self._last = (bytes(buf[pos:stop]), pri, delay, ttr, size)
                         pos = stop + size + 2
                         continue
             if mode == _LINE or mode == _DISCARD:

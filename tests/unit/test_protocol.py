@@ -207,6 +207,43 @@ def test_byte_soup_never_raises_and_stays_bounded(pieces: list, chunk: int) -> N
         assert parser.buffered() <= max(p.LINE_MAX, 65535 + 2) + chunk
 
 
+_put_lines = st.builds(
+    lambda pri, delay, ttr, size, sep, body_ok: (
+        b"put%s%d %d %d %d\r\n" % (sep, pri, delay, ttr, size)
+        + b"b" * size + (b"\r\n" if body_ok else b"xy")),
+    st.sampled_from([0, 1, 1024, 2**32 - 1, 2**32]), st.sampled_from([0, 5]),
+    st.sampled_from([0, 1, 60]), st.sampled_from([0, 1, 3, 70]), st.sampled_from([b" ", b"  "]),
+    st.booleans())
+
+
+@given(st.lists(_put_lines | st.sampled_from([b"put 0 0 1 0\r\n\r\n", b"use t\r\n"]),
+                max_size=12), st.integers(1, 40))
+@example([b"put 0 0 1 0\r\n\r\n", b"put 0 0 1 0\r\n\r\n"], 1)
+@settings(max_examples=300)
+def test_repeated_put_lines_parse_as_the_first_did(pieces: list, chunk: int) -> None:
+    """The parser remembers the last put line that passed and matches its bytes
+    again without the regex: a stream of puts, repeated or not and split
+    anywhere, parses as it does when the parser forgets that line after every
+    byte (so each put takes the regex path, or meets only the first line,
+    which is a true parse of itself)."""
+    data = b"".join(pieces)
+    forgetful = p.Parser(64)
+    expected = []
+    for i in range(len(data)):
+        forgetful.feed(data[i:i + 1])
+        expected += forgetful.events()
+        forgetful._last = parser._FIRST_PUT
+    assert parse_all(data, chunk, max_job_size=64) == expected
+
+
+def test_the_first_remembered_put_line_is_a_true_parse_of_itself() -> None:
+    line, *numbers = parser._FIRST_PUT
+    m = parser._PUT_LINE.fullmatch(line)
+    pri, delay, ttr, size = map(int, m.groups())
+    assert [pri, delay, ttr or 1, size] == numbers
+    assert parse_all(line + b"\r\n") == [p.Put(*numbers[:3], b"")]
+
+
 _PLAIN_WORDS = sorted(parser._PLAIN_ARGS)
 
 
