@@ -178,6 +178,20 @@ class Queries:
                 out.append(jid)
         return out
 
+    def might_be_due(self, now: int) -> bool:
+        """Could `due_promotions`, `due_timeouts` or `due_expiries` return
+        anything at `now`? False is certain; True may find only stale entries.
+
+        Ensures: False implies all three are empty at `now`."""
+        h = self.delay_heap
+        if h and h[0][0] <= now:
+            return True
+        h = self.ttr_heap
+        if h and h[0][0] < now:
+            return True
+        h = self.expiry_heap
+        return bool(h) and h[0][0] <= now
+
     def due_promotions(self, now: int) -> list[int]:
         return self._pop_due(self.delay_heap, now, (DELAYED,))
 

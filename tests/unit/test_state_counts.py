@@ -32,3 +32,24 @@ def test_a_waiting_connection_that_disconnects_waits_no_more() -> None:
     apply(st, r.Disconnect(1, 1, 1))
     assert st.waiting_n == 1 and 1 not in st.waiters and list(st.tubes["default"].waiting) == [2]
     st.check()
+
+
+def test_might_be_due_is_false_only_when_nothing_is_due() -> None:
+    """timers.run skips the due_* queries on False: it must never hide a due job."""
+    s = 10**9
+
+    def state() -> State:  # a job delayed 5 s, one reserved with TTR 10 s, at t=1 s
+        st = State()
+        apply(st, r.Connect(0, s, 1), r.Put(1, s, 1, 1, "default", 0, 5, 60, b"d"),
+              r.Put(2, s, 1, 2, "default", 0, 0, 10, b"r"), r.Reserve(3, s, 1, 2))
+        return st
+
+    assert not State().might_be_due(10**18)
+    seen = []
+    for now in (s, 6 * s - 1, 6 * s, 11 * s, 11 * s + 1, 20 * s):
+        st = state()
+        maybe = st.might_be_due(now)
+        due = st.due_promotions(now) + st.due_timeouts(now) + st.due_expiries(now)
+        assert maybe == bool(due), now
+        seen.append(due)
+    assert seen == [[], [], [1], [1], [1, 2], [1, 2]]
