@@ -111,7 +111,10 @@ class MutationLoop:
         # their turn itself when its pass ends (`run_direct`).
         self._inbox: deque = deque()
         self._waiter = None  # the loop task, asleep until input or its deadline
-        self._wake_at = math.inf  # trio time at which that sleep ends by itself
+        # That sleep's cancel scope: a poller turn moves its deadline to the
+        # next timer instead of waking the task to look (see `end_batch`).
+        self._sleep: trio.CancelScope | None = None
+        self._waits_turn = False  # it sleeps until a running turn ends
         self._turning = False  # a turn is running (it may await: one at a time)
         self.batching = False
         self.touched: dict[int, Session] = {}  # sessions with replies this turn
@@ -369,12 +372,18 @@ class MutationLoop:
         if not self._inbox:
             return
         await self._turn_on_inbox()
-        # The loop task sleeps until its last deadline: wake it if this turn
-        # made an earlier one (a delay, a TTR, a waiting reserve).
-        if self._waiter is not None:
+        # The loop task sleeps until the next timer as it was before this
+        # turn: if this turn made an earlier one (a delay, a TTR, a lazy
+        # fsync), move its alarm there, without a task switch. A later one is
+        # left alone: moving a deadline costs trio more than the rare early
+        # wake-up, which finds nothing due and sleeps again.
+        sleep = self._sleep
+        if sleep is not None and not self._waits_turn:
             wait = timers.seconds_to_next_deadline(self)
-            if wait is not None and trio.current_time() + wait < self._wake_at:
-                self._wake()
+            if wait is not None:
+                at = trio.current_time() + wait
+                if at < sleep.deadline:
+                    sleep.deadline = at
 
     async def _turn_on_inbox(self) -> None:
         inbox = self._inbox
@@ -385,20 +394,21 @@ class MutationLoop:
             await self.turn(batch)
         finally:
             self._turning = False
-            if inbox or self.runnable or self._wake_at == -math.inf:
+            if inbox or self.runnable or self._waits_turn:
                 self._wake()  # what came while the turn awaited, a slice left over
 
     async def _wait_for_input(self, wait: float | None) -> None:
-        """Sleep until `_post` wakes the loop task or `wait` seconds pass."""
+        """Sleep until `_post` wakes the loop task or `wait` seconds pass
+        (None: no timer; while a turn runs elsewhere, until it ends)."""
         self._waiter = trio.lowlevel.current_task()
-        if wait is None:
-            # -inf: waiting for a running turn to end, which wakes it.
-            self._wake_at = -math.inf if self._turning else math.inf
-            await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
-            return
-        self._wake_at = trio.current_time() + wait
-        with trio.move_on_after(wait):
-            await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
+        self._waits_turn = self._turning
+        deadline = math.inf if wait is None else trio.current_time() + wait
+        try:
+            with trio.CancelScope(deadline=deadline) as self._sleep:
+                await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
+        finally:
+            self._sleep = None
+            self._waits_turn = False
 
     def _abort_wait(self, _raise_cancel) -> trio.lowlevel.Abort:
         self._waiter = None
