@@ -324,7 +324,12 @@ class GroupCommit:
         lp.touched = {}
         sessions = lp.sessions
         deliveries = []
-        for s in touched.values():
+        order = touched.values()
+        if lp.granted:
+            first = {s.id: s for s in lp.granted if s.id in touched}
+            lp.granted = []
+            order = [*first.values(), *(s for s in order if s.id not in first)]
+        for s in order:
             if s.id not in sessions or s.feed is not None:
                 continue
             done = not s.blocked and not s.pending

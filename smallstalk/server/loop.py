@@ -118,6 +118,10 @@ class MutationLoop:
         self._turning = False  # a turn is running (it may await: one at a time)
         self.batching = False
         self.touched: dict[int, Session] = {}  # sessions with replies this turn
+        # ...of which these were granted a job: their replies go out first (a
+        # waiting worker gets its job before the producer hears INSERTED, as
+        # in beanstalkd; the hand-off is the latency a user feels).
+        self.granted: list[Session] = []
         # Sessions that used up their slice of a turn with commands left: they
         # go on next turn, which starts without waiting for input.
         self.runnable: dict[int, Session] = {}
@@ -593,5 +597,6 @@ class MutationLoop:
             s.out.append(reply)
             s.out_mut.append(True)
             s.owed += len(reply)
+            self.granted.append(s)
             self._run(s)
 
