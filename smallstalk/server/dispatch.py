@@ -113,7 +113,9 @@ def reserve(lp: MutationLoop, s: Session, cmd: p.Reserve):
     s.worker = True
     st = lp.state
     now = lp.now
-    if st.deadline_soon(s.id, now) and not st.has_ready(s.id):
+    # has_ready first: deadline_soon looks at every job the connection holds
+    # (a worker that pipelines reserves would pay it once per reserve).
+    if not st.has_ready(s.id) and st.deadline_soon(s.id, now):
         return p.DEADLINE_SOON
     job = st.best_ready(s.id, now)
     if job is not None:
