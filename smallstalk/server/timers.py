@@ -78,6 +78,14 @@ def expiry_moves(st: State, policies: Policies, due: list[int],
     return moves
 
 
+def any_pending(lp: MutationLoop) -> bool:
+    """Could `seconds_to_next_deadline` be other than None? (Cheap: a pass
+    of the poller asks after every turn; puts and deletes make no timer.)"""
+    st, c = lp.state, lp.commit
+    return bool(st.delay_heap or st.ttr_heap or st.expiry_heap or st.waiting_n or lp.parked
+                or c.parked or c.unsynced or c.failed_until)
+
+
 def seconds_to_next_deadline(lp: MutationLoop) -> float | None:
     """How long the loop may wait for input before a timer is due (None: no timer)."""
     wait = _seconds_to_state_deadline(lp)

@@ -11,6 +11,8 @@ import trio
 import smallstalk
 from smallstalk.core import protocol as p
 from smallstalk.core import records
+from smallstalk.core.model import DELAYED, READY
+from smallstalk.server import timers
 from smallstalk.server.admin import AUTH_FAIL_DELAY, AdminPolicy
 from smallstalk.storage import aof
 from smallstalk.storage.recovery import recover
@@ -258,3 +260,33 @@ async def test_auth_is_answered_late_and_gates_admin_commands(lp, autojump_clock
         await trio.sleep(0.01)
     assert trio.current_time() - start >= AUTH_FAIL_DELAY
     assert b"".join(out).startswith(b"UNAUTHORIZED\r\nUNAUTHORIZED\r\nOK\r\nNOT_RELOADED")
+
+
+async def test_a_poller_turn_that_makes_a_timer_moves_the_loop_tasks_alarm(
+        lp, autojump_clock) -> None:
+    """The poller runs the turn for what it read (end_batch) while the loop
+    task sleeps without a timer: a delayed put made there must still become
+    ready on time, and a reserve's TTR must still run out."""
+    got: list[bytes] = []
+    s = lp.open_session(lambda blob, done, close: got.append(blob), None, "local")
+
+    async def poller_pass(*cmds) -> None:
+        lp.begin_batch()
+        lp.submit(s, list(cmds))
+        await lp.end_batch()
+
+    await trio.sleep(1)  # the loop task opened the session and sleeps, no timer due
+    assert not timers.any_pending(lp) and timers.seconds_to_next_deadline(lp) is None
+    await poller_pass(p.Put(0, 5, 2, b"x"))
+    assert got.pop() == b"INSERTED 1\r\n"
+    assert timers.any_pending(lp)
+    t0 = trio.current_time()
+    await trio.sleep(4.9)
+    assert lp.state.jobs[1].state == DELAYED
+    await trio.sleep(0.2)
+    assert lp.state.jobs[1].state == READY
+    await poller_pass(p.Reserve(0))
+    assert got.pop().startswith(b"RESERVED 1 1\r\n")
+    await trio.sleep(2.5)  # TTR 2 s: back to ready without another command
+    assert lp.state.jobs[1].state == READY
+    assert trio.current_time() - t0 < 8
