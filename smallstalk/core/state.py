@@ -134,15 +134,14 @@ class State(Moves, Queries):
         if pri > 256:
             pri = ints.get(pri) or share(ints, pri)
         j.pri = pri
-        j.delay = delay
         if ttr > 256:
             ttr = ints.get(ttr) or share(ints, ttr)
         j.ttr = 1 if 1 > ttr else ttr
         j.body = body
         j.created = time
         j.state = READY
-        j.deadline = j.reserver = j.gen = 0
-        j.counts = ZERO_COUNTS
+        j.deadline = j.gen = 0
+        j.counts = ZERO_COUNTS if not delay else (0, 0, 0, 0, 0, delay, 0)  # counts_for
         jobs[id] = j
         self.next_job_id = id + 1
         # _arrive

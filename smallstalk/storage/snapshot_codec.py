@@ -109,7 +109,6 @@ def load(items: Iterable[list]) -> State:
             if pri > 256:
                 pri = ints.get(pri) or share(ints, pri)
             j.pri = pri
-            j.delay = delay
             if ttr > 256:
                 ttr = ints.get(ttr) or share(ints, ttr)
             j.ttr = ttr
@@ -121,9 +120,9 @@ def load(items: Iterable[list]) -> State:
                 last_created = created
             j.created = created
             j.state = READY
-            j.deadline = j.reserver = j.gen = 0
-            if reserves or timeouts or releases or buries or kicks:
-                j.counts = (reserves, timeouts, releases, buries, kicks)
+            j.deadline = j.gen = 0
+            if reserves or timeouts or releases or buries or kicks or delay:
+                j.counts = (reserves, timeouts, releases, buries, kicks, delay, 0)
             else:
                 j.counts = ZERO_COUNTS
             if exp:
@@ -167,14 +166,13 @@ def load(items: Iterable[list]) -> State:
                 j.id = jid
                 j.tube = t
                 j.pri = pri
-                j.delay = delay
                 j.ttr = ttr
                 j.body = body
                 j.created = created
                 j.state = READY
-                j.deadline = j.reserver = j.gen = 0
-                if reserves or timeouts or releases or buries or kicks:
-                    j.counts = (reserves, timeouts, releases, buries, kicks)
+                j.deadline = j.gen = 0
+                if reserves or timeouts or releases or buries or kicks or delay:
+                    j.counts = (reserves, timeouts, releases, buries, kicks, delay, 0)
                 else:
                     j.counts = ZERO_COUNTS
                 if exp:
