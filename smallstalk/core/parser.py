@@ -424,21 +424,6 @@ class Parser:
         """Bytes held that do not yet form a complete event."""
         return len(self._buf)
 
-    @staticmethod
-    def _line_end(buf: bytearray, pos: int, n: int) -> int | None:
-        """Where the line at `pos` ends (index of its CRLF), as beanstalkd finds it.
-
-        beanstalkd reads a line into a 224-byte buffer and looks only at the
-        first CR in it, not counting the buffer's last byte: a first CR not
-        followed by LF means no line in this window. Returns None to wait for
-        more input, or -1 when a full window holds no line (it is discarded).
-        """
-        w = min(n - pos, LINE_MAX)
-        cr = buf.find(b"\r", pos, pos + w - 1)
-        if cr >= 0 and buf[cr + 1] == 0x0A:
-            return cr
-        return -1 if w == LINE_MAX else None
-
     def feed(self, data: bytes) -> None:
         if self._mode == _SKIP and not self._buf:
             # Throw away an oversized body without ever holding it.
@@ -457,7 +442,7 @@ class Parser:
         last = self._last
         while True:
             mode = self._mode
-            if mode == _LINE:
+            if mode == _LINE and pos < n and buf[pos] == 0x70:  # b"p": a put's fast paths
                 if buf.startswith(last[0], pos):
                     line, pri, delay, ttr, size = last
                     stop = pos + len(line)
@@ -478,9 +463,19 @@ class Parser:
                         pos = stop + size + 2
                         continue
             if mode == _LINE or mode == _DISCARD:
-                end = self._line_end(buf, pos, n)
-                if end is None:
-                    break  # wait for more bytes
+                # Where the line at `pos` ends, as beanstalkd finds it: it reads
+                # a line into a 224-byte buffer and looks only at the first CR in
+                # it, not counting the buffer's last byte; a first CR not followed
+                # by LF means no line in this window. Less than a window: wait
+                # for more bytes; a full window and no line: discard it.
+                w = n - pos
+                if w > LINE_MAX:
+                    w = LINE_MAX
+                end = buf.find(b"\r", pos, pos + w - 1)
+                if end < 0 or buf[end + 1] != 0x0A:
+                    if w < LINE_MAX:
+                        break  # wait for more bytes
+                    end = -1
                 if end < 0:  # a full window and no line: drop it, keep dropping
                     pos += LINE_MAX
                     self._mode = _DISCARD
