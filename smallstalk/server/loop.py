@@ -1,4 +1,4 @@
-"""The mutation loop: the one task that changes queue state.
+"""The mutation loop: its turns, one at a time, are the only code that changes queue state.
 
 Connections hand it whole batches of parsed commands (one inbox item per
 received chunk, not per command). The poller (poller.py) reads every readable
