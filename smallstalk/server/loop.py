@@ -108,7 +108,7 @@ class MutationLoop:
         # turn. The loop task sleeps in `_wait_for_input` (`_waiter`) until an
         # item comes or a timer is due; while the poller passes over the
         # readable sockets (`batching`), items wake nobody: the poller runs
-        # their turn itself when its pass ends (`run_direct`).
+        # their turn itself when its pass ends (`end_batch`).
         self._inbox: deque = deque()
         self._waiter = None  # the loop task, asleep until input or its deadline
         # That sleep's cancel scope: a poller turn moves its deadline to the
