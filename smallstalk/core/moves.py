@@ -48,6 +48,14 @@ class Moves:
         self.ready_n = self.urgent_n = self.reserved_n = self.delayed_n = self.buried_n = 0
         self.waiting_n = 0
         self.waiters: dict[int, Conn] = {}  # waiting conns, oldest first
+        # So that a turn need not walk every waiting connection (queries.py,
+        # `waiters_maybe_due`): their wait deadlines as a heap of (deadline,
+        # conn id), stale entries skipped; the waiters holding jobs (only
+        # they can be owed DEADLINE_SOON, and they hold no more while they
+        # wait); the tubes ever paused (dropped with the tube).
+        self.wait_heap: list[tuple[int, int]] = []
+        self.waiters_holding: set[int] = set()
+        self.paused: set[str] = set()
         # Histories this log has followed: (epoch, history id, first seq), oldest first.
         self.epochs: list[tuple[int, str, int]] = []
         self.delay_heap: list = []  # (deadline, id, gen) over all tubes
@@ -251,5 +259,6 @@ class Moves:
         c.wait_deadline = None
         self.waiting_n -= 1
         del self.waiters[c.id]
+        self.waiters_holding.discard(c.id)
         for name in c.watch:
             self.tubes[name].waiting.remove(c.id)

@@ -292,22 +292,52 @@ class Queries:
         if j is not None:
             times.append(j.deadline + 1)  # a TTR runs out strictly after its deadline
         if self.waiting_n:
-            for c in self.waiters.values():
-                if c.wait_deadline is not None:
-                    times.append(c.wait_deadline)
+            d = self._wait_top()
+            if d is not None:
+                times.append(d)
+            for cid in self.waiters_holding:
+                c = self.waiters[cid]
                 if c.reserved:
                     times.append(min(self.jobs[j].deadline for j in c.reserved) - SAFETY_MARGIN)
-                for name in c.watch:
-                    t = self.tubes[name]
-                    if t.unpause_at > now:
-                        times.append(t.unpause_at)
+            for name in list(self.paused):  # paused tubes that a waiter watches
+                t = self.tubes.get(name)
+                if t is None or not t.unpause_at:  # gone (or made anew, never paused)
+                    self.paused.discard(name)
+                elif t.waiting and t.unpause_at > now:
+                    times.append(t.unpause_at)
         return min(times) if times else None
+
+    def _wait_top(self) -> int | None:
+        """The earliest wait deadline of a waiting connection (stale entries popped)."""
+        h = self.wait_heap
+        waiters = self.waiters
+        while h:
+            d, cid = h[0]
+            c = waiters.get(cid)
+            if c is not None and c.wait_deadline == d:
+                return d
+            heapq.heappop(h)
+        return None
+
+    def waiters_maybe_due(self, now: int) -> bool:
+        """Could `waiters_due(now)` answer anyone? Without walking the waiters:
+        the earliest wait deadline, and the few waiters that hold jobs.
+
+        Ensures: False implies `waiters_due(now)` is empty."""
+        if not self.waiting_n:
+            return False
+        d = self._wait_top()
+        if d is not None and d <= now:
+            return True
+        return any(self.deadline_soon(cid, now) for cid in self.waiters_holding)
 
     def waiters_due(self, now: int) -> list[tuple[int, bool]]:
         """Waiting conns to answer now, oldest first: (cid, True) when a job it
         has reserved is near its deadline (DEADLINE_SOON, which wins), (cid,
         False) when its own wait timed out."""
-        out = []
+        out: list[tuple[int, bool]] = []
+        if not self.waiters_maybe_due(now):
+            return out
         for c in list(self.waiters.values()):
             if self.deadline_soon(c.id, now):
                 out.append((c.id, True))

@@ -319,6 +319,7 @@ class State(Moves, Queries):
         t.pause = rec.delay * NS or 1
         t.unpause_at = rec.time + t.pause
         t.cmd_pause += 1
+        self.paused.add(t.name)
 
     def _disconnect(self, rec: r.Disconnect) -> None:
         c = self.conns.pop(rec.conn, None)
@@ -382,6 +383,15 @@ class State(Moves, Queries):
         self.waiters[c.id] = c
         for name in c.watch:
             self.tubes[name].waiting.append(c.id)
+        if c.reserved:
+            self.waiters_holding.add(c.id)
+        if rec.deadline is not None:
+            h = self.wait_heap
+            if len(h) > 2 * self.waiting_n + 64:  # mostly waits that ended: keep the live
+                h[:] = [(w.wait_deadline, w.id) for w in self.waiters.values()
+                        if w.wait_deadline is not None]
+                heapq.heapify(h)
+            heapq.heappush(h, (rec.deadline, c.id))
 
     def _wait_stop(self, rec: r.WaitStop) -> None:
         c = self.conns.get(rec.conn)

@@ -33,8 +33,8 @@ def run(lp: MutationLoop) -> None:
         return
     st = lp.state
     now = lp.now
-    if not st.waiting_n and not st.might_be_due(now):
-        return  # the common turn: no heap's first entry is due and nobody waits
+    if not st.might_be_due(now) and not st.waiters_maybe_due(now):
+        return  # the common turn: no heap's first entry is due, no wait ends
     try:
         due = st.due_promotions(now)
         if due:

@@ -1,7 +1,10 @@
 """State details `make mutation` found untested: stats-job counters that add up, and a
-waiting connection that goes away."""
+waiting connection that goes away; the timer queries against walks over every waiter."""
 
 from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from smallstalk.core import records as r
 from smallstalk.core.state import State
@@ -53,3 +56,84 @@ def test_might_be_due_is_false_only_when_nothing_is_due() -> None:
         assert maybe == bool(due), now
         seen.append(due)
     assert seen == [[], [], [1], [1], [1, 2], [1, 2]]
+
+
+def _ref_next_deadline(st: State, now: int) -> int | None:
+    """Queries.next_deadline as it was: every waiter walked."""
+    from smallstalk.core.model import DELAYED, READY, RESERVED, SAFETY_MARGIN
+
+    times = []
+    if st.expiry_heap and st._heap_top(st.expiry_heap, READY, DELAYED) is not None:
+        times.append(st.expiry_heap[0][0])
+    j = st._heap_top(st.delay_heap, DELAYED)
+    if j is not None:
+        times.append(j.deadline)
+    j = st._heap_top(st.ttr_heap, RESERVED)
+    if j is not None:
+        times.append(j.deadline + 1)
+    for c in st.waiters.values():
+        if c.wait_deadline is not None:
+            times.append(c.wait_deadline)
+        if c.reserved:
+            times.append(min(st.jobs[j].deadline for j in c.reserved) - SAFETY_MARGIN)
+        for name in c.watch:
+            if st.tubes[name].unpause_at > now:
+                times.append(st.tubes[name].unpause_at)
+    return min(times) if times else None
+
+
+def _ref_waiters_due(st: State, now: int) -> list:
+    out = []
+    for c in st.waiters.values():
+        if st.deadline_soon(c.id, now):
+            out.append((c.id, True))
+        elif c.wait_deadline is not None and c.wait_deadline <= now:
+            out.append((c.id, False))
+    return out
+
+
+@given(hs.lists(hs.tuples(hs.integers(0, 6), hs.integers(1, 3), hs.integers(0, 4),
+                          hs.integers(0, 3 * 10**9)), max_size=40))
+@settings(max_examples=300, deadline=None)
+def test_waiter_timers_match_a_walk_over_every_waiter(ops) -> None:
+    """next_deadline, waiters_due and waiters_maybe_due keep the waiters' deadlines in
+    a heap and a set instead of walking every waiting connection: same answers."""
+    s = 10**9
+    st = State()
+    now, seq, jid = s, 0, 0
+
+    def log(rec_cls, *fields) -> None:
+        nonlocal seq
+        seq += 1
+        st.apply(rec_cls(seq, now, *fields))
+
+    for cid in (1, 2, 3):
+        st.apply(r.Connect(0, now, cid))
+    for op, cid, k, step in ops:
+        now += step
+        c = st.conns[cid]
+        if op == 0:
+            jid += 1
+            log(r.Put, cid, jid, "default" if k % 2 else "b", 0, 0, 1 + k, b"j")
+        elif op == 1 and not c.waiting:
+            j = st.best_ready(cid, now)
+            if j is not None:
+                log(r.Reserve, cid, j.id)
+        elif op == 2 and not c.waiting:
+            st.apply(r.WaitStart(0, now, cid, None if k == 0 else now + k * s))
+        elif op == 3 and c.waiting:
+            st.apply(r.WaitStop(0, now, cid))
+        elif op == 4 and "b" in st.tubes:
+            log(r.PauseTube, cid, "b", k)
+        elif op == 5 and c.reserved and not c.waiting:
+            log(r.Delete, cid, min(c.reserved))
+        elif op == 6 and not c.waiting and "b" not in c.watch:
+            log(r.Watch, cid, "b")
+        due = st.due_timeouts(now)
+        if due:
+            log(r.Timeout, due)
+        for at in (now, now + s // 2, now + 2 * s):
+            assert st.next_deadline(at) == _ref_next_deadline(st, at)
+            ref = _ref_waiters_due(st, at)
+            assert st.waiters_due(at) == ref
+            assert st.waiters_maybe_due(at) == bool(ref)
