@@ -296,21 +296,11 @@ def stats(port: int, timeout: float = 10.0) -> dict[str, str]:
 
 def stats_on(s: socket.socket) -> dict[str, str]:
     s.sendall(b"stats\r\n")
-    buf = b""
-    while b"\r\n" not in buf:
-        chunk = s.recv(65536)
-        if not chunk:
-            raise RuntimeError("connection closed during stats")
-        buf += chunk
-    head, _, rest = buf.partition(b"\r\n")
+    head, rest = _read_line(s, b"")
     if not head.startswith(b"OK "):
         raise RuntimeError(f"stats answered {head!r}")
     need = int(head.split()[1]) + 2
-    while len(rest) < need:
-        chunk = s.recv(65536)
-        if not chunk:
-            raise RuntimeError("connection closed during stats")
-        rest += chunk
+    rest = _recv_until(s, rest, need)
     out = {}
     for line in rest[: need - 2].decode().splitlines():
         k, sep, v = line.partition(":")

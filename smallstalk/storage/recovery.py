@@ -326,6 +326,7 @@ def _cut_torn_tail(seg: SegmentRead, repair: bool, result: Recovered) -> None:
         result.warnings.append(f"{seg.path}: last segment has no complete header; removed")
         if repair:
             seg.path.unlink()
+            aof.fsync_dir(seg.path.parent)  # gone for good before a new segment takes its place
         return
     msg = (f"{seg.path}: torn write at offset {seg.end} after seq {result.state.last_seq} "
            f"({seg.size - seg.end} bytes, {seg.torn}); truncated")
