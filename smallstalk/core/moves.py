@@ -52,10 +52,12 @@ class Moves:
         # `waiters_maybe_due`): their wait deadlines as a heap of (deadline,
         # conn id), stale entries skipped; the waiters holding jobs (only
         # they can be owed DEADLINE_SOON, and they hold no more while they
-        # wait); the tubes ever paused (dropped with the tube).
+        # wait); the tubes ever paused (dropped with the tube). And the tubes
+        # someone waits on, so that a grant need not walk every tube.
         self.wait_heap: list[tuple[int, int]] = []
         self.waiters_holding: set[int] = set()
         self.paused: set[str] = set()
+        self.waited: set[str] = set()
         # Histories this log has followed: (epoch, history id, first seq), oldest first.
         self.epochs: list[tuple[int, str, int]] = []
         self.delay_heap: list = []  # (deadline, id, gen) over all tubes
@@ -261,4 +263,7 @@ class Moves:
         del self.waiters[c.id]
         self.waiters_holding.discard(c.id)
         for name in c.watch:
-            self.tubes[name].waiting.remove(c.id)
+            waiting = self.tubes[name].waiting
+            waiting.remove(c.id)
+            if not waiting:
+                self.waited.discard(name)

@@ -137,9 +137,9 @@ class Queries:
             return None
         best = None
         best_tube = None
-        for name in self.tube_order:
+        for name in self.waited:  # (pri, id) is unique: the order of the walk does not matter
             t = self.tubes[name]
-            if not t.waiting or not t.ready_n or t.paused(now):
+            if not t.ready_n or t.paused(now):
                 continue
             j = self._top_ready(t)
             if j is not None and (best is None or (j.pri, j.id) < (best.pri, best.id)):
@@ -379,6 +379,7 @@ class Queries:
             for jid in c.reserved:
                 assert self.jobs[jid].reserver == c.id
         assert sorted(self.tube_order) == sorted(self.tubes)
+        assert self.waited == {name for name, t in self.tubes.items() if t.waiting}
         for name, t in self.tubes.items():
             assert t.using_n == sum(1 for c in self.conns.values() if c.use == name)
             assert t.watching_n == sum(1 for c in self.conns.values() if name in c.watch)

@@ -383,6 +383,7 @@ class State(Moves, Queries):
         self.waiters[c.id] = c
         for name in c.watch:
             self.tubes[name].waiting.append(c.id)
+            self.waited.add(name)
         if c.reserved:
             self.waiters_holding.add(c.id)
         if rec.deadline is not None:

@@ -382,7 +382,7 @@ class MutationLoop:
         # left alone: moving a deadline costs trio more than the rare early
         # wake-up, which finds nothing due and sleeps again.
         sleep = self._sleep
-        if sleep is not None and not self._waits_turn and timers.any_pending(self):
+        if sleep is not None and not self._waits_turn:
             wait = timers.seconds_to_next_deadline(self)
             if wait is not None:
                 at = trio.current_time() + wait

@@ -78,18 +78,18 @@ def expiry_moves(st: State, policies: Policies, due: list[int],
     return moves
 
 
-def any_pending(lp: MutationLoop) -> bool:
-    """Could `seconds_to_next_deadline` be other than None? (Cheap: a pass
-    of the poller asks after every turn; puts and deletes make no timer.)"""
-    st, c = lp.state, lp.commit
-    return bool(st.delay_heap or st.ttr_heap or st.expiry_heap or st.waiting_n or lp.parked
-                or c.parked or c.unsynced or c.failed_until)
-
-
 def seconds_to_next_deadline(lp: MutationLoop) -> float | None:
-    """How long the loop may wait for input before a timer is due (None: no timer)."""
+    """How long the loop may wait for input before a timer is due (None: no timer).
+
+    Cheap when nothing can be due (a poller's pass asks after every turn, and
+    puts and deletes make no timer): every timer source is listed in the
+    first test, so a new one is added there and below, side by side."""
+    st, c = lp.state, lp.commit
+    if not (st.delay_heap or st.ttr_heap or st.expiry_heap or st.waiting_n or lp.parked
+            or c.parked or c.unsynced or c.failed_until):
+        return None
     wait = _seconds_to_state_deadline(lp)
-    left = lp.commit.seconds_to_deadline()  # parked replies, a lazy fsync
+    left = c.seconds_to_deadline()  # parked replies, a lazy fsync
     if left is not None:
         wait = left if wait is None else min(wait, left)
     if lp.parked:

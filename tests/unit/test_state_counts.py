@@ -82,6 +82,18 @@ def _ref_next_deadline(st: State, now: int) -> int | None:
     return min(times) if times else None
 
 
+def _ref_next_grant(st: State, now: int) -> tuple | None:
+    """The walk next_grant replaced: every tube, in creation order."""
+    best = None
+    for name in st.tube_order:
+        t = st.tubes[name]
+        if t.waiting and t.ready_n and not t.paused(now):
+            j = st.peek_ready(name)
+            if j is not None and (best is None or (j.pri, j.id) < (best[1].pri, best[1].id)):
+                best = (t.waiting[0], j)
+    return best
+
+
 def _ref_waiters_due(st: State, now: int) -> list:
     out = []
     for c in st.waiters.values():
@@ -97,7 +109,8 @@ def _ref_waiters_due(st: State, now: int) -> list:
 @settings(max_examples=300, deadline=None)
 def test_waiter_timers_match_a_walk_over_every_waiter(ops) -> None:
     """next_deadline, waiters_due and waiters_maybe_due keep the waiters' deadlines in
-    a heap and a set instead of walking every waiting connection: same answers."""
+    a heap and a set instead of walking every waiting connection, and next_grant
+    walks only the tubes someone waits on: same answers."""
     s = 10**9
     st = State()
     now, seq, jid = s, 0, 0
@@ -137,3 +150,5 @@ def test_waiter_timers_match_a_walk_over_every_waiter(ops) -> None:
             ref = _ref_waiters_due(st, at)
             assert st.waiters_due(at) == ref
             assert st.waiters_maybe_due(at) == bool(ref)
+            assert st.next_grant(at) == _ref_next_grant(st, at)
+        st.check()
