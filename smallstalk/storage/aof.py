@@ -6,11 +6,12 @@ The format is specified in snapshots/README.md; in short:
   (magic `SSTKAOF\\0`, u32 version, u64 first seq, u32 CRC32 of the preceding
   20 bytes) followed by frames;
 - a frame is u32 payload length, u32 CRC32 of the payload, then the payload
-  (one record's CBOR array), all little-endian.
+  (one record's CBOR array), all little-endian;
+- a segment may end in zero bytes (space allocated ahead of the records):
+  a frame header of zeros with only zeros after it is the end of the records.
 
 `SegmentWriter` appends records to a buffer; `write()` puts the buffer in the
-file and `sync()` makes it durable. The mutation loop calls `write` and `sync`
-from a worker thread once per batch (group commit).
+file and `sync()` makes it durable (group commit: journal.py decides when).
 
 `decode_frames` is the one frame decoder: every reader of segments,
 snapshots and the replication feed cuts frames with it (`frame_batches` over
@@ -47,6 +48,8 @@ HEADER = struct.Struct("<8sIQ")  # magic, version, first seq (segment) / last se
 HEADER_SIZE = HEADER.size + 4
 FRAME = struct.Struct("<II")  # payload length, CRC32 of payload
 MAX_FRAME = 1 << 31  # a length beyond this is damage, not data
+PREALLOCATE = 1 << 20  # bytes a segment file is allocated ahead of its records
+ZERO_FRAME = "zero-length frame"
 
 # fsync policies (journal.py carries them out)
 FSYNC_ALWAYS, FSYNC_INTERVAL, FSYNC_NEVER = "always", "interval", "never"
@@ -86,7 +89,8 @@ def read_header(path: Path, data: bytes, magic: bytes) -> int:
 
 @attrs.define
 class FrameScan:
-    """Where reading a file stopped: `end` is the offset after the last good frame."""
+    """Where reading a file stopped: `end` is the offset after the last good
+    frame. A clean read may end before `size`: the rest is preallocated zeros."""
 
     end: int
     size: int
@@ -114,9 +118,11 @@ def decode_frames(buf: bytes | bytearray, pos: int, offsets: list[int], payloads
     while limit and n - pos >= head:
         length, crc = unpack(buf, pos)
         if length == 0:
-            # Every record encodes to at least one byte; zeros are a tail the
-            # file system allocated but the write never filled.
-            return pos, "zero-length frame"
+            # Every record encodes to at least one byte: zeros are space
+            # allocated ahead of the records (the end, if only zeros follow:
+            # `is_zeros`), or a tail the file system allocated but a write
+            # never filled.
+            return pos, ZERO_FRAME
         if length > MAX_FRAME:
             return pos, "frame runs past the end of the file"
         end = pos + head + length
@@ -149,21 +155,40 @@ def frame_batches(data: bytes, start: int = HEADER_SIZE,
         if why is None and len(offsets) == SEGMENT_BATCH and pos < n:
             yield offsets, payloads, None
             continue
-        if why is None and pos < n:
-            why = frame_damage(data, pos)
+        if pos < n and (why is None or why == ZERO_FRAME):
+            why = None if is_zeros(data, pos) else frame_damage(data, pos)
         yield offsets, payloads, FrameScan(pos, n, why)
         return
+
+
+def is_zeros(buf: bytes | bytearray, pos: int = 0) -> bool:
+    """Are the bytes from `pos` on all zero? (A segment's preallocated tail:
+    the end of its records, see SegmentWriter.)"""
+    return buf.count(0, pos) == len(buf) - pos
+
+
+def _zeros_to_end(f: BinaryIO, buf: bytes) -> int | None:
+    """len(buf) plus what is left of `f`, if all of it is zeros; else None."""
+    if not is_zeros(buf):
+        return None
+    n = len(buf)
+    while chunk := f.read(CHUNK):
+        if not is_zeros(chunk):
+            return None
+        n += len(chunk)
+    return n
 
 
 def file_frames(f: BinaryIO, start: int = HEADER_SIZE, settle: tuple[float, ...] = (),
                 ) -> Iterator[tuple[list[int], list[bytes], FrameScan | None]]:
     """The frames of an open file, streamed a CHUNK at a time (memory stays
-    bounded): `frame_batches`' items and rules. `settle`: delays to wait for
-    more bytes when the file ends inside a frame (a live server's last segment).
+    bounded): `frame_batches`' items and rules. `settle`: delays to wait, when
+    the records end in a frame that does not check out, for a write in
+    progress to complete it (a live server's last segment).
     """
     f.seek(start)
     buf = b""
-    base = start  # file offset of buf[0]
+    base = start  # file offset of buf[0]; f is at base + len(buf)
     waits = list(settle)
     head = FRAME.size
     while True:
@@ -176,18 +201,27 @@ def file_frames(f: BinaryIO, start: int = HEADER_SIZE, settle: tuple[float, ...]
         if why is None:
             need = head if len(buf) < head else head + FRAME.unpack_from(buf)[0]
             more = f.read(max(CHUNK, need - len(buf)))
-            while not more and buf and waits:
-                time.sleep(waits.pop(0))  # a write in progress may complete the frame
-                more = f.read(max(CHUNK, need - len(buf)))
             if more:
                 buf += more
                 if offsets:
                     yield offsets, payloads, None
                 continue
-            if buf:
-                why = frame_damage(buf, 0)
-            yield offsets, payloads, FrameScan(base, base + len(buf), why)
-            return
+            if not buf or is_zeros(buf):
+                yield offsets, payloads, FrameScan(base, base + len(buf))
+                return
+            why = frame_damage(buf, 0)
+        elif why == ZERO_FRAME:
+            size = _zeros_to_end(f, buf)
+            if size is not None:
+                yield offsets, payloads, FrameScan(base, base + size)
+                return
+        if waits:
+            time.sleep(waits.pop(0))  # a write in progress may complete the frame
+            f.seek(base)
+            buf = b""
+            if offsets:
+                yield offsets, payloads, None
+            continue
         yield offsets, payloads, FrameScan(base, os.fstat(f.fileno()).st_size, why)
         return
 
@@ -207,9 +241,7 @@ def frame_damage(data: bytes, pos: int) -> str:
         return "incomplete frame header"
     length, crc = FRAME.unpack_from(data, pos)
     if length == 0:
-        # Every record encodes to at least one byte; zeros are a tail the
-        # file system allocated but the write never filled.
-        return "zero-length frame"
+        return ZERO_FRAME
     if length > MAX_FRAME or pos + FRAME.size + length > n:
         return "frame runs past the end of the file"
     return "checksum mismatch"
@@ -275,13 +307,21 @@ def make_dirs(path: Path) -> None:
 
 
 class SegmentWriter:
-    """The open segment. Not thread-safe: the loop hands it to one thread at a time."""
+    """The open segment. Not thread-safe: the loop hands it to one thread at a time.
 
-    def __init__(self, directory: Path, first_seq: int):
+    The file is allocated ahead of the records, `preallocate` bytes at a time:
+    an fsync that must also record a bigger file costs the disk a metadata
+    write each time, one into space already allocated does not (the
+    fsync-per-acknowledgement rows of the benchmark, docs/PERFORMANCE.md). So
+    a live segment ends in zeros, which readers take as its end (see
+    `decode_frames`); `finish` and `close` cut them off.
+    """
+
+    def __init__(self, directory: Path, first_seq: int, preallocate: int = PREALLOCATE):
         self.directory = directory
         self.first_seq = first_seq
         self.path = directory / segment_name(first_seq)
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.write(self.fd, header(SEGMENT_MAGIC, first_seq))
             os.fsync(self.fd)
@@ -290,7 +330,9 @@ class SegmentWriter:
             os.close(self.fd)
             self.path.unlink(missing_ok=True)
             raise
-        self.size = HEADER_SIZE  # bytes durable or written
+        self.size = HEADER_SIZE  # bytes durable or written: where the next frame goes
+        self.allocated = HEADER_SIZE  # the file's size: `size` and zeros after it
+        self.preallocate = preallocate
         self.records = 0
         self.last_seq = first_seq - 1
         # (size, records, last_seq) known to be on disk: a failed fsync cuts back to it.
@@ -311,21 +353,39 @@ class SegmentWriter:
             return
         data = bytes(self.pending)
         if self.needs_cut:
-            # O_APPEND writes land at the end of the file: never after a stale partial frame.
+            # Never leave a stale partial frame behind frames shorter than it.
             os.ftruncate(self.fd, self.size)
+            self.allocated = self.size
             self.needs_cut = False
+        end = self.size + len(data)
+        if end > self.allocated and self.preallocate:
+            self._allocate(end)
         try:
             written = 0
             while written < len(data):
-                written += os.write(self.fd, data[written:])
+                written += os.pwrite(self.fd, data[written:], self.size + written)
         except OSError:
             self._cut_back()
             raise
-        self.size += len(data)
+        self.size = end
+        self.allocated = max(self.allocated, end)
         self.records += self.pending_records
         self.last_seq = self.pending_last_seq
         self.pending.clear()
         self.pending_records = 0
+
+    def _allocate(self, end: int) -> None:
+        want = max(end, self.allocated + self.preallocate)
+        try:
+            os.posix_fallocate(self.fd, self.allocated, want - self.allocated)
+        except OSError:
+            # A full disk, a file size limit, a file system without it: the
+            # write itself decides, without preallocation from now on (a
+            # failed call may have grown the file: zeros, which read as the end).
+            self.preallocate = 0
+            self.allocated = os.fstat(self.fd).st_size
+            return
+        self.allocated = want
 
     def discard_pending(self) -> None:
         self.pending.clear()
@@ -335,20 +395,39 @@ class SegmentWriter:
     def sync(self) -> None:
         os.fsync(self.fd)
 
+    def finish(self) -> None:
+        """Make the segment durable at its exact size: it closes for good."""
+        self._trim()
+        os.fsync(self.fd)
+
+    def _trim(self) -> None:
+        if self.allocated > self.size:
+            os.ftruncate(self.fd, self.size)
+            self.allocated = self.size
+
     def _cut_back(self) -> None:
         # A partial write must not stay behind the records we acknowledge next.
         self.needs_cut = True
         os.ftruncate(self.fd, self.size)
+        self.allocated = self.size
         self.needs_cut = False
 
     def cut_back_to(self, size: int, records_: int, last_seq: int) -> None:
         self.size, self.records, self.last_seq = size, records_, last_seq
         self.needs_cut = True
         os.ftruncate(self.fd, size)
+        self.allocated = size
         self.needs_cut = False
 
     def close(self) -> None:
-        os.close(self.fd)
+        """Close the file, its preallocated zeros cut off (durably only if
+        `finish` came first; left behind, they read as the end anyway)."""
+        try:
+            self._trim()
+        except OSError:
+            pass
+        finally:
+            os.close(self.fd)
 
 
 def iter_segment(path: Path, data: bytes | None = None, put_lists: bool = False,

@@ -41,6 +41,7 @@ from smallstalk.storage.aof import (
     FSYNC_ALWAYS,
     FSYNC_NEVER,
     HEADER_SIZE,
+    PREALLOCATE,
     SegmentWriter,
     fsync_dir,
 )
@@ -99,7 +100,9 @@ class Journal:
         if leftover.exists() and leftover.stat().st_size <= HEADER_SIZE:
             # Opened just before a stop and never written to: no records in it.
             leftover.unlink()
-        self.segment = SegmentWriter(self.aof_dir, self.next_seq)
+        # Allocated ahead no further than a segment may grow (see SegmentWriter).
+        self.segment = SegmentWriter(self.aof_dir, self.next_seq,
+                                     min(PREALLOCATE, self.segment_bytes))
 
     # --- staging ---------------------------------------------------------------
 
@@ -295,7 +298,7 @@ class Journal:
         if old.records == 0:
             return
         try:
-            old.sync()
+            old.finish()  # durable at its exact size before the next one exists
             self._open_segment()
         except OSError:
             log.exception("rotation failed; staying on %s", old.path)
@@ -324,7 +327,7 @@ class Journal:
         if old.records == 0:
             return
         try:
-            await trio.to_thread.run_sync(old.sync)
+            await trio.to_thread.run_sync(old.finish)
             self._open_segment()  # on failure self.segment is still `old`, open
         except OSError as e:
             raise JournalError(f"rotating {old.path}: {e}") from e

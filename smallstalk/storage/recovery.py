@@ -126,6 +126,8 @@ def _recover(data_dir: Path, repair: bool, until_seq: int | None,
         for seg in log_reader.read:
             if seg.torn is not None:
                 _cut_torn_tail(seg, repair, result)
+            elif repair and seg.end < seg.size:
+                _trim_zeros(seg)
     return result
 
 
@@ -172,7 +174,7 @@ class SegmentRead:
     first_seq: int | None = None
     last_seq: int | None = None
     records: int = 0
-    end: int = 0  # offset after the last good frame
+    end: int = 0  # offset after the last good frame (preallocated zeros may follow)
     torn: str | None = None  # the last segment ends in a torn write: why its tail is bad
     tail: bytes = b""  # the torn tail's bytes
     problems: list[CorruptionError] = attrs.Factory(list)
@@ -319,6 +321,14 @@ def apply_next(state: State, path: Path, offset: int, rec) -> bool:
         raise CorruptionError(path, offset, state.last_seq,
                               f"record does not apply: {e}") from None
     return True
+
+
+def _trim_zeros(seg: SegmentRead) -> None:
+    """Cut off the zeros a segment was allocated ahead of its records
+    (aof.SegmentWriter): start-up's next segment follows the last record."""
+    with open(seg.path, "r+b") as f:
+        f.truncate(seg.end)
+        os.fsync(f.fileno())
 
 
 def _cut_torn_tail(seg: SegmentRead, repair: bool, result: Recovered) -> None:

@@ -185,8 +185,8 @@ async def test_a_body_that_cannot_be_read_is_an_internal_error(nursery, tmp_path
     nursery.start_soon(lp.run)
     c = Client(lp)
     jobs = await put_many(c, rand_bodies(3))
-    seg = lp.journal.segment.path
-    os.truncate(seg, seg.stat().st_size - 100)  # the last body's tail is gone
+    seg = lp.journal.segment
+    os.truncate(seg.path, seg.size - 100)  # the last body's tail is gone
     assert await c.ask(b"peek 3\r\n") == p.INTERNAL_ERROR
     assert await c.ask(b"peek 1\r\n") == p.found(1, jobs[1])
     # A reserve that gets it: the reservation stands (the TTR gives it back),

@@ -39,13 +39,13 @@ class Ledger:
     max_id: int = 0
     counter: int = 0
 
-    def body(self, tag: str) -> bytes:
+    def body(self, tag: str, size: int = BODY) -> bytes:
         self.counter += 1
         head = b"%s-%06d-" % (tag.encode(), self.counter)
-        return head + b"x" * max(BODY - len(head), 0)
+        return head + b"x" * max(size - len(head), 0)
 
-    def put(self, c: Client, tag: str = "job", pri: int = 100) -> Reply:
-        body = self.body(tag)
+    def put(self, c: Client, tag: str = "job", pri: int = 100, size: int = BODY) -> Reply:
+        body = self.body(tag, size)
         r = c.put(body, pri=pri)
         if r.status == b"INSERTED":
             assert r.id > self.max_id, f"id {r.id} not above every id seen ({self.max_id})"
@@ -113,6 +113,11 @@ def verify_restart(tmp_path: Path, data: Path, led: Ledger) -> Server:
 
 def newest_segment(data: Path) -> Path:
     return aof.list_segments(data / "aof")[-1][1]
+
+
+def records_end(path: Path) -> int:
+    """Where a segment's records end (the file is allocated further ahead)."""
+    return [e for e in aof.iter_segment(path) if isinstance(e, aof.FrameScan)][-1].end
 
 
 def assert_segment_clean(path: Path) -> None:
@@ -205,7 +210,8 @@ def test_file_size_limit_refuses_put_and_keeps_acknowledged(
     with connect(srv.port) as c:
         seed(c, led)
         seg = newest_segment(data)
-        limit = seg.stat().st_size + 4096
+        # Past its records: the space allocated ahead is there, but not writable.
+        limit = records_end(seg) + 4096
         set_fsize(srv.pid, limit)
         before = len(led.live)
         failed = None
@@ -217,7 +223,7 @@ def test_file_size_limit_refuses_put_and_keeps_acknowledged(
         assert failed is not None, "no put failed although the segment cannot grow"
         assert len(led.live) - before >= 5, "puts that fitted under the limit were refused"
         assert failed.line == b"INTERNAL_ERROR", failed
-        assert seg.stat().st_size <= limit
+        assert records_end(seg) <= limit
         assert_segment_clean(seg)
         # Still full: past the retry window every put is still refused, reads still work.
         replies = refuses_for(c, led, RETRY_AFTER_FAILURE + 0.5)
@@ -471,13 +477,14 @@ def test_compactor_on_a_full_disk_retries_and_catches_up(
         assert compactions() == 1, "the next compaction came too early for this test"
         wait_for(lambda: len(failures()) >= 2, 10.0, "two failed (retried) compactions")
         stay_up(srv, c, 1.0)
-        # A failed compaction frees its temporary file, and the segment's last page takes a
-        # few records: some puts may fit. The ledger holds the server to each reply.
+        # A failed compaction frees its temporary file, and the open segment's space
+        # allocated ahead (1 MiB) takes records until it runs out: some puts fit, big
+        # bodies use it up. The ledger holds the server to each reply.
         fill(filler)
         replies = set()
         deadline = time.monotonic() + RETRY_AFTER_FAILURE + 0.5
-        while time.monotonic() < deadline:
-            replies.add(led.put(c, "full").line.split()[0])
+        while time.monotonic() < deadline:  # ~30 puts of 60 KB: past 1 MiB
+            replies.add(led.put(c, "full", size=60_000).line.split()[0])
             time.sleep(0.05)
         assert replies <= {b"INSERTED", b"INTERNAL_ERROR"} and b"INTERNAL_ERROR" in replies, replies
         check_reads(c, led)

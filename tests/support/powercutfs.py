@@ -22,7 +22,9 @@ The model is strict POSIX, the one Jepsen's LazyFS uses:
 listing of its last fsync, every reachable file's bytes to its last fsync,
 and whatever is no longer reachable from the root is gone. `cut torn SEED`
 instead keeps a random prefix of each file's unsynced appended bytes (what a
-page-cache writeback that was under way may have left) and undoes the rest.
+page-cache writeback that was under way may have left) and undoes the rest;
+of unsynced overwrites (into space allocated ahead), it keeps the first few,
+the next one in part, and undoes the later ones.
 Handles opened before a cut answer EIO from then on: the processes that held
 them died with the power.
 
@@ -234,9 +236,22 @@ class Model:
             return
         stats["files-reverted"] += 1
         keep = n.dsize
-        if torn is not None and not n.undo and size > n.dsize:
+        undo = n.undo
+        if torn is not None and undo:
+            # Overwrites (of space allocated ahead, say): the first few made it
+            # to disk, the next one in part, no later one, nor appended bytes.
+            k = torn.randint(0, len(undo))
+            if k < len(undo):
+                offset, data = undo[k]
+                part = torn.randint(0, len(data))
+                undo = [*undo[:k], (offset + part, data[part:]), *undo[k + 1:]]
+                undo = undo[k:]
+            else:
+                undo = []
+                keep = torn.randint(n.dsize, size)
+        elif torn is not None and size > n.dsize:
             keep = torn.randint(n.dsize, size)  # only appended bytes: some made it to disk
-        for offset, data in reversed(n.undo):
+        for offset, data in reversed(undo):
             os.pwrite(n.fd, data, offset)
         os.ftruncate(n.fd, keep)
         stats["bytes-dropped"] += max(size - keep, 0)

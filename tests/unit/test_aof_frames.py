@@ -37,7 +37,7 @@ def test_a_clean_file_reads_to_its_end() -> None:
 
 @pytest.mark.parametrize("tail, why", [
     (b"\x01\x02", "incomplete frame header"),
-    (b"\x00" * 12, "zero-length frame"),
+    (b"\x00" * 12 + b"\x01", "zero-length frame"),
     (struct.pack("<II", 100, 0) + b"abc", "frame runs past the end of the file"),
     (struct.pack("<II", 3, 12345) + b"abc", "checksum mismatch"),
 ])
@@ -48,6 +48,29 @@ def test_damage_is_named_where_it_starts(tail: bytes, why: str) -> None:
     assert (scan.end, scan.size, scan.why) == (len(good), len(good) + len(tail), why)
     assert not scan.clean
     assert aof.frame_damage(good + tail, len(good)) == why
+
+
+@pytest.mark.parametrize("zeros", [1, 7, 8, 9, 4096, aof.CHUNK + 5])
+def test_zeros_after_the_last_frame_are_the_end_of_the_records(
+        tmp_path: Path, zeros: int) -> None:
+    """A preallocated tail (SegmentWriter): a clean end, in memory and streamed."""
+    good = segment(1, [put(1), put(2)])
+    data = good + bytes(zeros)
+    *frames, scan = aof.read_frames(data)
+    assert len(frames) == 2 and scan == FrameScan(len(good), len(data)) and scan.clean
+    p = tmp_path / "s"
+    p.write_bytes(data)
+    with open(p, "rb") as f:
+        batches = list(aof.file_frames(f))
+    assert sum(len(offs) for offs, _, _ in batches) == 2
+    assert batches[-1][2] == FrameScan(len(good), len(data))
+    # ... but not when anything else follows the zeros, however far
+    p.write_bytes(data + b"\x01")
+    with open(p, "rb") as f:
+        last = list(aof.file_frames(f))[-1][2]
+    why = "incomplete frame header" if zeros + 1 < aof.FRAME.size else "zero-length frame"
+    assert (last.end, last.why) == (len(good), why)
+    assert list(aof.read_frames(data + b"\x01"))[-1] == FrameScan(len(good), len(data) + 1, why)
 
 
 def test_a_frame_of_exactly_the_remaining_bytes_is_whole() -> None:
@@ -123,6 +146,29 @@ def test_a_segment_writer_writes_its_header_and_appends(tmp_path: Path) -> None:
     data = seg.path.read_bytes()
     assert len(data) == seg.size and os.stat(seg.path).st_mode & 0o777 == 0o644
     assert [rec.seq for _, rec in list(aof.iter_segment(seg.path))[:-1]] == [5, 6]
+
+
+def test_a_segment_is_allocated_ahead_and_closes_at_its_exact_size(tmp_path: Path) -> None:
+    seg = SegmentWriter(tmp_path, 1, preallocate=64 << 10)
+    seg.append(put(1), 1)
+    seg.write()
+    seg.sync()
+    assert seg.path.stat().st_size == aof.HEADER_SIZE + (64 << 10) > seg.size
+    *frames, scan = aof.iter_segment(seg.path)
+    assert [rec.seq for _, rec in frames] == [1] and scan.clean and scan.end == seg.size
+    big = b"x" * (100 << 10)  # past the allocation: allocated again, as far as needed
+    seg.append(put(2, big), 2)
+    seg.write()
+    assert seg.path.stat().st_size >= seg.size
+    seg.finish()
+    assert seg.path.stat().st_size == seg.size
+    seg.close()
+    assert [rec.seq for _, rec in list(aof.iter_segment(seg.path))[:-1]] == [1, 2]
+    other = SegmentWriter(tmp_path, 3, preallocate=4096)
+    other.append(put(3), 3)
+    other.write()
+    other.close()  # close alone cuts the zeros off too
+    assert other.path.stat().st_size == other.size
 
 
 def test_cut_back_drops_what_followed(tmp_path: Path) -> None:
