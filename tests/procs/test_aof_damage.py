@@ -187,6 +187,34 @@ def dump(state: State) -> list:
     return list(snapshot_codec.dump(state))
 
 
+# --- the space a segment is allocated ahead ----------------------------------------
+
+
+def test_a_killed_servers_allocated_tail_is_the_end_and_startup_cuts_it(
+        data: Path, tmp_path: Path, servers: list[Server]) -> None:
+    """Each run of the fixture was SIGKILLed: its segment ends in the zeros it was
+    allocated ahead (aof.SegmentWriter). That is a clean end, not a torn tail: the
+    next start-up cut the earlier runs' off, and cuts the last one's the same way."""
+    segs = [path for _, path in aof.list_segments(data / "aof")]
+    ends = {path: list(aof.iter_segment(path))[-1] for path in segs}
+    assert all(scan.clean for scan in ends.values())
+    last = segs[-1]
+    assert last.stat().st_size > ends[last].end, "the last run's segment was not allocated ahead"
+    assert last.read_bytes()[ends[last].end:] == bytes(last.stat().st_size - ends[last].end)
+    for path in segs[:-1]:  # cut by the start-up after each run
+        assert path.stat().st_size == ends[path].end, path
+    ids = all_job_ids(data)
+    expected = recovery.recover(data, repair=False).state
+
+    srv = start_smallstalk(tmp_path, "--compact-interval", "3600", data_dir=data)
+    servers.append(srv)
+    log = srv.log()
+    assert "torn" not in log and "warning" not in log.lower(), log
+    assert last.stat().st_size == ends[last].end
+    assert not last.with_name(last.name + ".broken").exists()
+    assert_server_matches(srv.port, expected, ids)
+
+
 # --- torn tail ------------------------------------------------------------------------
 
 TEARS = {

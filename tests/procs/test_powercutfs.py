@@ -173,6 +173,37 @@ def test_a_torn_cut_keeps_a_prefix_of_the_appended_bytes(disk: PowerCutMount) ->
     assert len(kept) > 1, "every torn cut kept the same prefix"
 
 
+def test_a_torn_cut_keeps_a_prefix_of_overwrites_into_allocated_space(
+        disk: PowerCutMount) -> None:
+    """How an AOF segment is written (aof.SegmentWriter): space allocated ahead
+    and fsynced, then records written into it. A torn cut keeps the first few
+    writes, the next one in part, and zeros after: never a later write alone."""
+    f = disk.path / "seg"
+    fd = os.open(f, os.O_RDWR | os.O_CREAT, 0o644)
+    os.posix_fallocate(fd, 0, 64 << 10)  # emulated by glibc here: FUSE has no fallocate
+    os.fsync(fd)
+    os.close(fd)
+    fsync_path(disk.path)
+    writes = [os.urandom(1000).replace(b"\0", b"\1") for _ in range(8)]
+    kept = set()
+    for seed in range(8):
+        fd = os.open(f, os.O_RDWR)
+        for i, w in enumerate(writes):
+            os.pwrite(fd, w, i * 1000)
+        os.close(fd)
+        disk.cut(torn_seed=seed)
+        data = f.read_bytes()
+        assert len(data) == 64 << 10  # the allocation was durable
+        k = len(data.rstrip(b"\0"))  # the written bytes hold no zero
+        assert data[:k] == b"".join(writes)[:k] and data[k:] == bytes(len(data) - k)
+        kept.add(k)
+        fd = os.open(f, os.O_RDWR)  # zeros again, durably, for the next round
+        os.pwrite(fd, bytes(8000), 0)
+        os.fsync(fd)
+        os.close(fd)
+    assert len(kept) > 1, "every torn cut kept the same prefix"
+
+
 def test_handles_from_before_the_cut_are_dead(disk: PowerCutMount) -> None:
     f = disk.path / "f"
     write_file(f, b"x", sync=True)
