@@ -149,6 +149,9 @@ def cmd_ls(args: argparse.Namespace, out: Out) -> int:
                 notes.append(f"header says seq {g.header_seq}")
             if g.status == "torn":
                 notes.append(f"torn tail: {fmt_size(g.size - g.end)} after offset {g.end}")
+            elif g.status == "ok" and g.size > g.end:
+                notes.append(f"records end at {g.end}, then {fmt_size(g.size - g.end)} "
+                             f"allocated ahead")
             elif g.status == "damaged":
                 notes.append(f"DAMAGED: {g.why}")
             if not g.records and g.status == "ok":

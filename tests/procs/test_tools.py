@@ -186,6 +186,24 @@ segments
 """, "")
 
 
+def test_space_allocated_ahead_is_the_end_of_the_records(log_dir: Path, tmp_path: Path) -> None:
+    """What a killed server leaves in its last segment (aof.SegmentWriter): zeros
+    after the records. The tools read to the records' end and say so; no warning."""
+    data = damaged_copy(log_dir, tmp_path)
+    seg = data / "aof" / "00000000000000000025.aof"
+    size = seg.stat().st_size
+    with open(seg, "ab") as f:
+        f.write(bytes(aof.PREALLOCATE - size))
+    code, out, err = run_n(aof_tool.main, data, "ls", data, "--utc")
+    assert (code, err) == (0, "")
+    assert out.splitlines()[-3].endswith(
+        f"1.0 MiB  records end at {size}, then {fmt.fmt_size(aof.PREALLOCATE - size)} "
+        f"allocated ahead; last (open while a server runs)"), out
+    code, out, err = run_n(aof_tool.main, data, "verify", data)
+    assert (code, err) == (0, "") and out.endswith("verdict: OK (no damage)\n"), out
+    assert run_n(aof_tool.main, data, "dump", data, "--utc") == (0, DUMP, "")
+
+
 def test_aof_ls_folded(folded_dir: Path) -> None:
     assert run_n(aof_tool.main, folded_dir, "ls", folded_dir, "--utc") == (0, f"""\
 data directory DATA (times in UTC)
