@@ -258,7 +258,10 @@ def later_good_frame(data: bytes, after: int, last_seq: int = -1) -> int | None:
     """
     n = len(data)
     unpack = FRAME.unpack_from
-    for pos in range(after + 1, n - FRAME.size):
+    # A frame's length is not zero: none starts past the last non-zero byte
+    # (a torn write into space allocated ahead has up to PREALLOCATE zeros after it).
+    last = len(data.rstrip(b"\0"))
+    for pos in range(after + 1, min(n - FRAME.size, last)):
         length, _crc = unpack(data, pos)
         if (0 < length <= n - pos - FRAME.size  # (cheap: most offsets fail here)
                 and decode_frames(data, pos, [], [], 1)[0] > pos

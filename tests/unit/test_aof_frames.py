@@ -93,6 +93,17 @@ def test_damage_followed_by_records_that_continue_the_log_is_not_a_tail() -> Non
         assert aof.later_good_frame(damaged, len(good), 1) == len(good) + junk
 
 
+def test_zeros_allocated_ahead_do_not_hide_or_fake_the_log() -> None:
+    """A torn frame in space allocated ahead: zeros follow it, and it is still a
+    torn tail; records continuing the log before the zeros are still found."""
+    good = segment(1, [put(1), put(2)])
+    torn = good + aof.frame(put(3))[:-3] + bytes(aof.PREALLOCATE)
+    assert aof.later_good_frame(torn, len(good), 2) is None
+    rest = aof.frame(put(3)) + aof.frame(put(4))
+    damaged = good + b"\xff" * 5 + rest + bytes(4096)
+    assert aof.later_good_frame(damaged, len(good), 2) == len(good) + 5
+
+
 def test_frames_that_do_not_continue_the_sequence_are_not_the_log() -> None:
     good = segment(1, [put(1), put(2)])
     # a frame-shaped run inside garbage, but its seqs are at or below the last good one
