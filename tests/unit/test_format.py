@@ -193,6 +193,7 @@ def test_constants_match_the_code() -> None:
     assert int(CONSTANTS["HEADER_SIZE"]) == aof.HEADER_SIZE == FILE_HEADER.size
     assert int(CONSTANTS["FRAME_HEADER_SIZE"]) == aof.FRAME.size == FRAME_HEADER.size
     assert int(CONSTANTS["MAX_FRAME"]) == aof.MAX_FRAME
+    assert int(CONSTANTS["PREALLOCATE"].split()[0]) == aof.PREALLOCATE
     assert zlib.crc32(b"123456789") == int(CONSTANTS["CRC_CHECK"], 16)
 
 
