@@ -127,7 +127,9 @@ def _recover(data_dir: Path, repair: bool, until_seq: int | None,
             if seg.torn is not None:
                 _cut_torn_tail(seg, repair, result)
             elif repair and seg.end < seg.size:
-                _trim_zeros(seg)
+                # The zeros it was allocated ahead of its records (aof.SegmentWriter):
+                # start-up's next segment follows the last record.
+                _truncate(seg)
     return result
 
 
@@ -323,9 +325,8 @@ def apply_next(state: State, path: Path, offset: int, rec) -> bool:
     return True
 
 
-def _trim_zeros(seg: SegmentRead) -> None:
-    """Cut off the zeros a segment was allocated ahead of its records
-    (aof.SegmentWriter): start-up's next segment follows the last record."""
+def _truncate(seg: SegmentRead) -> None:
+    """Cut a segment durably at the end of its good records."""
     with open(seg.path, "r+b") as f:
         f.truncate(seg.end)
         os.fsync(f.fileno())
@@ -344,7 +345,4 @@ def _cut_torn_tail(seg: SegmentRead, repair: bool, result: Recovered) -> None:
     log.warning("%s", msg)
     if repair:
         datadir.broken_path(seg.path).write_bytes(seg.tail)
-        with open(seg.path, "r+b") as f:
-            f.truncate(seg.end)
-            f.flush()
-            os.fsync(f.fileno())
+        _truncate(seg)

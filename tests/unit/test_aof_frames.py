@@ -73,6 +73,37 @@ def test_zeros_after_the_last_frame_are_the_end_of_the_records(
     assert list(aof.read_frames(data + b"\x01"))[-1] == FrameScan(len(good), len(data) + 1, why)
 
 
+def test_a_live_reader_waits_for_a_frame_being_written_into_zeros(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a live segment a frame half written into the space allocated ahead
+    fails its checksum, zeros after it: with `settle`, the reader waits and
+    reads it again (here the "wait" finishes the write), instead of stopping."""
+    good = segment(1, [put(1)])
+    whole = aof.frame(put(2))
+    p = tmp_path / "live"
+    p.write_bytes(good + whole[:-5] + bytes(4096 + 5))
+    waits = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        with open(p, "r+b") as f:
+            f.seek(len(good))
+            f.write(whole)
+
+    monkeypatch.setattr(aof.time, "sleep", sleep)
+    with open(p, "rb") as f:
+        batches = list(aof.file_frames(f, settle=(0.02, 0.05)))
+    assert waits == [0.02]
+    offsets = [off for offs, _, _ in batches for off in offs]
+    assert offsets == [aof.HEADER_SIZE, len(good)]
+    assert batches[-1][2] == FrameScan(len(good) + len(whole), len(good) + len(whole) + 4096)
+    # Without `settle` (a stopped server's file) the same bytes are a bad frame at once.
+    p.write_bytes(good + whole[:-5] + bytes(4096 + 5))
+    with open(p, "rb") as f:
+        last = list(aof.file_frames(f))[-1][2]
+    assert (last.end, last.why) == (len(good), "checksum mismatch") and len(waits) == 1
+
+
 def test_a_frame_of_exactly_the_remaining_bytes_is_whole() -> None:
     data = aof.frame(b"x" * 10)
     assert list(aof.read_frames(data, 0))[0] == (0, b"x" * 10)
