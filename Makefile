@@ -19,7 +19,7 @@ HTTP_PORT ?= 11380
 # under systemd they are also disabled. Only packages that were missing are
 # touched.
 # NEEDS picks the commands (`make bench` needs only beanstalkd).
-NEEDS ?= beanstalkd java npm chromium
+NEEDS ?= beanstalkd java npm chromium etcd haproxy
 system-packages:
 	@missing=""; needs=" $(NEEDS) "; \
 	case "$$needs" in *" beanstalkd "*) \
@@ -30,6 +30,10 @@ system-packages:
 	  command -v npm >/dev/null || missing="$$missing nodejs npm";; esac; \
 	case "$$needs" in *" chromium "*) \
 	  command -v chromedriver >/dev/null || missing="$$missing chromium chromium-driver";; esac; \
+	case "$$needs" in *" etcd "*) \
+	  command -v etcd >/dev/null || missing="$$missing etcd-server";; esac; \
+	case "$$needs" in *" haproxy "*) \
+	  command -v haproxy >/dev/null || missing="$$missing haproxy";; esac; \
 	[ -z "$$missing" ] && exit 0; \
 	policy=""; \
 	if [ ! -e /usr/sbin/policy-rc.d ]; then \
@@ -57,12 +61,12 @@ fuse-packages:
 $(STAMP): pyproject.toml | fuse-packages
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,console]'
+	$(BIN)/pip install -q -e '.[test,console,ha]'
 	touch $(STAMP)
 
 # PySpark is big and only the pipeline needs it: `make run` does without.
 $(FULL): $(STAMP)
-	$(BIN)/pip install -q -e '.[test,console,analytics]'
+	$(BIN)/pip install -q -e '.[test,console,ha,analytics]'
 	touch $(FULL)
 
 run: $(STAMP)

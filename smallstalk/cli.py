@@ -190,8 +190,10 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
     if cfg.config_path is not None:
         log.info("configuration from %s (tube policies: default and %d named tubes)",
                  cfg.config_path, len(cfg.policies.tubes))
-    follower = None
-    if cfg.replica_of:
+    follower = member = None
+    if cfg.ha_etcd:
+        member = lp.ha = _ha_member(lp, cfg, contexts, token)
+    elif cfg.replica_of:
         from smallstalk.client.security import TOKEN_ENV
         from smallstalk.replication.follower import Follower
 
@@ -226,6 +228,8 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
                                cfg.tls_handshake_timeout, cfg.max_connections)
             if follower is not None:
                 nursery.start_soon(follower.run)
+            if member is not None:
+                nursery.start_soon(member.run)
             if journal is not None and cfg.compact:
                 from smallstalk.storage import compactor
 
@@ -242,6 +246,27 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
             journal.close()
         if lock is not None:
             datadir.unlock(lock)
+
+
+def _ha_member(lp: MutationLoop, cfg: ServeConfig, contexts: tls.Contexts, token: str | None):
+    """The HA member (replication/ha.py): the server starts read-only and follows
+    or leads as the store's leader lock says."""
+    try:
+        from smallstalk.replication.feed import HAHooks
+        from smallstalk.replication.ha import HAConfig, HAMember
+    except ImportError as e:
+        raise StartError(f"--ha-etcd needs {e.name}, which is not installed: install "
+                         "smallstalk[ha] (pip install 'smallstalk[ha]')") from None
+    from smallstalk.client.security import TOKEN_ENV
+
+    lp.replication = HAHooks()
+    lp.set_role("replica", None)
+    lp.fence("ha: waiting for the leader lock")
+    http = f"{cfg.http[0]}:{cfg.http[1]}" if cfg.http else ""
+    hc = HAConfig(list(cfg.ha_etcd), cfg.ha_cluster, cfg.ha_name, cfg.ha_advertise, http,
+                  cfg.ha_ttl, cfg.ha_max_lag)
+    return HAMember(lp, hc, cfg.min_replica_acks, contexts.replica,
+                    token or os.environ.get(TOKEN_ENV, "").strip() or None)
 
 
 async def _signals(scope: trio.CancelScope, lp: MutationLoop, cfg: ServeConfig | None = None,
@@ -428,7 +453,7 @@ def serve_command(argv: list[str], early: list[socket.socket] | None = None) -> 
     if isinstance(cfg, str):
         print(cfg)
         return 0
-    if (cfg.replica_of or cfg.min_replica_acks) and cfg.data_dir is None:
+    if (cfg.replica_of or cfg.min_replica_acks or cfg.ha_etcd) and cfg.data_dir is None:
         raise UsageError("replication needs a data directory (-b DIR or --data-dir DIR)")
     if cfg.http is not None:
         from smallstalk.console import preflight

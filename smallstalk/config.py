@@ -82,6 +82,19 @@ Replication (needs a data directory; see the README):
  --replica-ack-timeout S how long to wait for those acks before answering
                          NOT_REPLICATED (default 5)
 
+Automatic failover (needs a data directory and the extra smallstalk[ha]; docs/HA.md):
+ --ha-etcd URL[,URL...]  join the HA cluster kept in this etcd (v3 JSON gateway,
+                         e.g. http://10.0.0.1:2379): the member holding its leader
+                         lock is the primary, every other one follows it
+ --ha-cluster NAME       the cluster's name in the store (default smallstalk)
+ --ha-name NODE          this member's name (default: the host name)
+ --ha-advertise HOST:PORT
+                         where the others and clients reach this server's port
+                         (default: -l and -p; must not be 0.0.0.0)
+ --ha-ttl SEC            the leader lease, renewed every third of it (default 10)
+ --ha-max-lag N          a member may take a free lock only if no other member
+                         is more than N records ahead of it (default 0)
+
 TLS (see docs/SECURITY.md; certificates and keys are PEM files):
  --tls-port PORT         serve TLS clients on this port, beside the plaintext -p
  --tls-cert FILE         the server's certificate (chain), for --tls-port
@@ -161,6 +174,13 @@ class ServeConfig:
     admin_token_file: Path | None = None
     admin_allow: tuple[str, ...] = LOOPBACK
     extended_stats: bool = False  # stats and stats-tube append smallstalk's keys
+    # Automatic failover (replication/ha.py): on with ha_etcd.
+    ha_etcd: tuple[str, ...] = ()
+    ha_cluster: str = "smallstalk"
+    ha_name: str = ""
+    ha_advertise: str = ""
+    ha_ttl: int = 10
+    ha_max_lag: int = 0
 
 
 def _int(text: str, flag: str) -> int:
@@ -189,6 +209,7 @@ LONG_OPTIONS = {
     "--tls-port", "--tls-listen", "--tls-cert", "--tls-key", "--tls-client-ca",
     "--tls-handshake-timeout", "--replica-tls-ca", "--replica-tls-cert", "--replica-tls-key",
     "--admin-token-file", "--admin-allow",
+    "--ha-etcd", "--ha-cluster", "--ha-name", "--ha-advertise", "--ha-ttl", "--ha-max-lag",
 }
 
 # Long options without a value.
@@ -268,7 +289,35 @@ def parse_serve(argv: list[str]) -> ServeConfig | str:
             _set_short(cfg, flag[1], value)
     check_tls(cfg)
     _check_admin(cfg)
+    check_ha(cfg)
     return cfg
+
+
+def check_ha(cfg: ServeConfig) -> None:
+    """The HA settings fit together; fills in the name and the advertised address."""
+    if not cfg.ha_etcd:
+        return
+    if cfg.replica_of is not None:
+        raise UsageError("--replica-of and --ha-etcd exclude each other: an HA member "
+                         "follows whoever holds the leader lock")
+    if cfg.data_dir is None:
+        raise UsageError("--ha-etcd needs a data directory (-b DIR or --data-dir DIR)")
+    for url in cfg.ha_etcd:
+        if not url.startswith(("http://", "https://")):
+            raise UsageError(f"--ha-etcd takes http://HOST:PORT URLs, got {url!r}")
+    if cfg.ha_ttl < 2:
+        raise UsageError("--ha-ttl must be at least 2 seconds")
+    if not cfg.ha_name:
+        import socket
+
+        cfg.ha_name = socket.gethostname()
+    if not cfg.ha_advertise:
+        if cfg.addr in ("0.0.0.0", "::", "") or cfg.addr.startswith("unix:") or not cfg.port:
+            raise UsageError("--ha-advertise HOST:PORT is needed: -l/-p do not say where "
+                             "the other members reach this server")
+        cfg.ha_advertise = f"{cfg.addr}:{cfg.port}"
+    elif _host_port(cfg.ha_advertise) is None:
+        raise UsageError("--ha-advertise takes HOST:PORT")
 
 
 def check_tls(cfg: ServeConfig) -> None:
@@ -383,6 +432,16 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
         cfg.min_replica_acks = _int(value, name)
     elif name == "--replica-ack-timeout":
         cfg.replica_ack_timeout = _float(value, name)
+    elif name == "--ha-etcd":
+        cfg.ha_etcd = tuple(u.strip() for u in value.split(",") if u.strip())
+    elif name in ("--ha-cluster", "--ha-name", "--ha-advertise"):
+        if not value or "/" in value:
+            raise UsageError(f"{name} takes a name without '/'")
+        setattr(cfg, name[2:].replace("-", "_"), value)
+    elif name == "--ha-ttl":
+        cfg.ha_ttl = _int(value, name)
+    elif name == "--ha-max-lag":
+        cfg.ha_max_lag = _int(value, name)
     elif name == "--listen":
         cfg.addr = value
     elif name == "--port":
@@ -554,11 +613,42 @@ def server_settings(doc: Mapping[str, Any], path: Path) -> dict[str, Any]:
     return out
 
 
+def _etcd_urls(value: object, where: str) -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise ConfigError(f"{where}: expected \"URL,...\" or a list of URLs, got {value!r}")
+    return tuple(i.strip() for i in items if i.strip())
+
+
+# [ha] key -> (ServeConfig attribute, converter): the --ha-* flags' names.
+HA_KEYS: dict[str, tuple[str, Callable[[object, str], Any]]] = {
+    "etcd": ("ha_etcd", _etcd_urls),
+    "cluster": ("ha_cluster", _text),
+    "name": ("ha_name", _text),
+    "advertise": ("ha_advertise", _text),
+    "ttl": ("ha_ttl", lambda v, w: int(_seconds(v, w))),
+    "max-lag": ("ha_max_lag", _count),
+}
+
+
+def ha_settings(doc: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """The `[ha]` table as {"ha." + key: converted value}."""
+    table = doc.get("ha", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: ha: expected a table")
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in HA_KEYS:
+            raise ConfigError(f"{path}: ha: unknown key {key!r} (known: {', '.join(HA_KEYS)})")
+        out["ha." + key] = HA_KEYS[key][1](value, f"{path}: ha.{key}")
+    return out
+
+
 def read_file(path: Path) -> tuple[dict[str, Any], Policies]:
-    """A configuration file's `[server]` settings and tube policies, checked."""
+    """A configuration file's `[server]` and `[ha]` settings and tube policies, checked."""
     doc = read_toml(path)
     policies = policies_from(doc, str(path))  # also checks the top-level tables
-    return server_settings(doc, path), policies
+    return {**server_settings(doc, path), **ha_settings(doc, path)}, policies
 
 
 def load_file(cfg: ServeConfig, path: Path) -> None:
@@ -569,7 +659,8 @@ def load_file(cfg: ServeConfig, path: Path) -> None:
     except ConfigError as e:
         raise UsageError(str(e)) from None
     for key, value in settings.items():
-        setattr(cfg, SERVER_KEYS[key][0], value)
+        attr = HA_KEYS[key[3:]][0] if key.startswith("ha.") else SERVER_KEYS[key][0]
+        setattr(cfg, attr, value)
     cfg.config_path = path
     cfg.policies = policies
     cfg.file_settings = settings
@@ -583,6 +674,8 @@ def server_changes(cfg: ServeConfig) -> list[str]:
     """
     if cfg.config_path is None:
         return []
-    now = server_settings(read_toml(cfg.config_path), cfg.config_path)
+    doc = read_toml(cfg.config_path)
+    now = {**server_settings(doc, cfg.config_path), **ha_settings(doc, cfg.config_path)}
     before = cfg.file_settings
-    return [k for k in SERVER_KEYS if now.get(k) != before.get(k)]
+    keys = [*SERVER_KEYS, *("ha." + k for k in HA_KEYS)]
+    return [k for k in keys if now.get(k) != before.get(k)]

@@ -202,18 +202,35 @@ async def run_feed(stream: trio.abc.Stream, feed: Feed, committed) -> None:
         feed.close()
 
 
-def promote(lp: MutationLoop) -> int:
-    """Turn this replica into a primary (inside the loop). Returns the new epoch."""
+def promote(lp: MutationLoop, epoch: int | None = None, lease_until: float = math.inf) -> int:
+    """Turn this replica into a primary (inside the loop). Returns the new epoch.
+
+    `epoch`: the one the HA store gave us (ha.py); by default the next after
+    ours. `lease_until`: with HA, the trio time after which no change may be
+    acknowledged unless the lease is renewed (MutationLoop.hold_lease).
+    """
     if lp.follower is not None:
         lp.follower.stop()
-    lp.role = "primary"
-    lp.read_only = None
+    lp.set_role("primary", None)
+    lp.hold_lease(lease_until)
+    lp.unfence()
+    epoch = lp.state.epoch[0] + 1 if epoch is None else epoch
+    # The new history starts right after the last record we share with the old
+    # primary: a returning old primary's next record is where it left us
+    # (feed's fork point, ha.py's `divergence`).
+    lp.log(r.NewEpoch, epoch, new_history())
     # The old primary's connections are gone: their reservations become ready.
     lp.log(r.Restart)
-    epoch = lp.state.epoch[0] + 1
-    lp.log(r.NewEpoch, epoch, new_history())
     log.info("promoted to primary, epoch %d", epoch)
     return epoch
+
+
+def demote(lp: MutationLoop, reason: str, follower=None) -> None:
+    """Stop taking changes (inside the loop): HA stepped down, or follows `follower` now."""
+    if lp.follower is not None and lp.follower is not follower:
+        lp.follower.stop()
+    lp.fence(reason)
+    lp.set_role("replica", follower)
 
 
 class Hooks:
@@ -225,3 +242,13 @@ class Hooks:
 
     def promote(self, lp: MutationLoop) -> int:
         return promote(lp)
+
+
+class HAHooks(Hooks):
+    """Under --ha-etcd the store decides who leads: a manual `promote` would make
+    a second primary, so it is refused (`smallstalk ha switchover` moves the lock)."""
+
+    def promote(self, lp: MutationLoop) -> int:
+        from smallstalk.server.loop import ReadOnly
+
+        raise ReadOnly("ha: the leader lock decides; use smallstalk ha switchover")

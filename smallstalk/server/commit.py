@@ -20,6 +20,7 @@ exactly what was acknowledged). See docs/ARCHITECTURE.md.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from bisect import bisect_left, bisect_right
 from collections import deque
@@ -108,6 +109,7 @@ class GroupCommit:
         self.turn_payloads: list[tuple[int, bytes]] = []
         self.turn_seq0 = lp.state.last_seq  # the loop sets it as each turn starts
         self.turn_puts: list = []  # (record, file, body offset) staged this turn, for spilling
+        self.fenced_replies = 0  # changes answered INTERNAL_ERROR past the HA lease
 
     # --- staging (per record) -----------------------------------------------------
 
@@ -342,6 +344,8 @@ class GroupCommit:
     def _reply(self, deliveries: list[tuple], turn_seq: int, seq0: int) -> None:
         hold = self.min_replica_acks and turn_seq > seq0
         held = []
+        if self.lp.lease_until != math.inf:
+            deliveries = self._within_lease(deliveries)
         for delivery in deliveries:
             if hold and any(delivery[2]):
                 held.append(delivery)
@@ -369,8 +373,27 @@ class GroupCommit:
     def release_parked(self) -> None:
         acked = self.acked_seq()
         while self.parked and self.parked[0].seq <= acked:
-            for delivery in self.parked.popleft().deliveries:
+            deliveries = self.parked.popleft().deliveries
+            if self.lp.lease_until != math.inf:
+                deliveries = self._within_lease(deliveries)
+            for delivery in deliveries:
                 deliver(delivery)
+
+    def _within_lease(self, deliveries: list[tuple]) -> list[tuple]:
+        """HA fencing: past the leader lease (MutationLoop.hold_lease) no change
+        is acknowledged; its reply says INTERNAL_ERROR (logged here, and maybe
+        set aside when this server rejoins as a replica: the outcome is unknown)."""
+        if trio.current_time() < self.lp.lease_until:
+            return deliveries
+        out = []
+        for s, replies, mut, done, closing in deliveries:
+            if any(mut):
+                was, replies = replies, [p.INTERNAL_ERROR if m else reply
+                                         for reply, m in zip(replies, mut, strict=True)]
+                recount(s, was, replies)
+                self.fenced_replies += sum(mut)
+            out.append((s, replies, mut, done, closing))
+        return out
 
     def expire_parked(self) -> None:
         now = trio.current_time()

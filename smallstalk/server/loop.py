@@ -100,6 +100,9 @@ class MutationLoop:
         self.refused = 0  # connections turned away past --max-connections
         self.draining = False
         self.read_only: str | None = None  # reason, when clients may not change state
+        # HA (replication/ha.py): no change is acknowledged at or after this
+        # trio time, the last moment our leader lease is surely ours.
+        self.lease_until = math.inf
         self.instance_id = os.urandom(8).hex()
         self._next_conn = state.next_conn_id
         self._seq = state.last_seq  # used when there is no journal
@@ -131,6 +134,7 @@ class MutationLoop:
         self.feeds: dict[int, object] = {}  # session id -> replication.Feed
         self.follower = None  # replication.Follower, on a replica
         self.replication: Replication | None = None  # installed by cli.py
+        self.ha = None  # replication.ha.HAMember under --ha-etcd (cli.py; the console reads it)
         # Per-tube policy (limits, expiry, fanout): configuration, reloadable.
         self.policies = Policies()
         self.config_path: Path | None = None
@@ -206,6 +210,26 @@ class MutationLoop:
             return str(e)
         log.info("tube policies reloaded from %s", self.config_path)
         return None
+
+    # --- roles and fencing (replication/feed.py, replication/ha.py) ---------------
+
+    def set_role(self, role: str, follower) -> None:
+        """Primary, or a replica following `follower` (None: following nobody yet)."""
+        self.role, self.follower = role, follower
+        if role == "replica":
+            self.read_only = self.read_only or "replica"
+
+    def fence(self, reason: str) -> None:
+        """Take no change from clients (READ_ONLY), and acknowledge none still waiting."""
+        self.read_only = reason
+        self.lease_until = min(self.lease_until, trio.current_time())
+
+    def unfence(self) -> None:
+        self.read_only = None
+
+    def hold_lease(self, until: float) -> None:
+        """HA: changes may be acknowledged until trio time `until`, and none after it."""
+        self.lease_until = until
 
     # --- what handlers call -----------------------------------------------------
 
@@ -420,6 +444,9 @@ class MutationLoop:
 
     async def turn(self, batch: list) -> None:
         self.now = self.clock()
+        if self.lease_until != math.inf and not self.read_only \
+                and trio.current_time() >= self.lease_until:
+            self.fence("ha: the leader lease ran out")  # e.g. after a pause of the process
         c = self.commit
         calls: list[tuple[list, trio.Event]] = []
         c.turn_seq0 = self.state.last_seq

@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 
 DEFAULT = "default"
-TOP_LEVEL = ("server", "tubes")  # the file's tables: [server] is config.py's
+TOP_LEVEL = ("server", "tubes", "ha")  # the file's tables: [server] and [ha] are config.py's
 
 
 class ConfigError(Exception):
