@@ -144,7 +144,12 @@ class Follower:
             if not words or words[0] not in (p.REPLICATING_WORD, p.FULLRESYNC_WORD):
                 raise FeedError(line.decode(errors="replace"))
             leftover: list[bytes] = []  # record frames that came with the snapshot's end
-            if words[0] == p.FULLRESYNC_WORD:
+            if words[0] == p.FULLRESYNC_WORD and int(words[3]) == 0:
+                # The primary has no snapshot: its records from seq 1 follow, and
+                # nothing of ours may stay (a history it does not have).
+                await lp.call(install_empty, lp)
+                log.info("full resync from the primary's first record")
+            elif words[0] == p.FULLRESYNC_WORD:
                 snap_seq = int(words[3])
                 tmp = datadir.resync_path(lp.data_dir)
                 try:
@@ -191,6 +196,26 @@ async def receive_snapshot(reader: FrameReader, path: Path, snap_seq: int) -> li
                     f.flush()
                     await trio.to_thread.run_sync(os.fsync, f.fileno())
                     return payloads[i + 1:]
+
+
+def install_empty(lp) -> None:
+    """Drop our state, snapshots and segments: the primary's log from seq 1 follows."""
+    from smallstalk.core import records
+
+    snap_dir = datadir.snap_dir(lp.data_dir)
+    if snap_dir.exists():
+        for _seq, old in datadir.list_snapshots(snap_dir):
+            old.unlink(missing_ok=True)
+        aof.fsync_dir(snap_dir)
+    lp.journal.reset(1)
+    old_store = lp.bodies
+    store = old_store.fresh() if old_store is not None else None
+    lp.state = State()
+    if store is not None:
+        lp.use_bodies(store)
+        old_store.close()
+    for sid in lp.sessions:
+        lp.volatile(records.Connect, sid)
 
 
 def install_snapshot(lp, path: Path, snap_seq: int) -> None:

@@ -108,10 +108,14 @@ class HAMember:
         return j.committed_seq if j is not None else self.lp.state.last_seq
 
     def role(self) -> str:
+        """primary, fenced (a primary that stopped taking writes), replica (following,
+        connected), syncing (following, not connected yet), or starting."""
         lp = self.lp
         if lp.role == "primary":
             return "fenced" if lp.read_only else "primary"
-        return "replica"
+        if self.follower is None:
+            return "starting"
+        return "replica" if self.follower.connected else "syncing"
 
     def me(self) -> cl.Me:
         return cl.Me(self.cfg.name, self.lease, self.role(), self.lp.state.epoch[0],
@@ -275,15 +279,17 @@ class HAMember:
             if not ok:
                 log.info("ha: another member took the lock first")
                 return
+        taken = time.time()  # before any change of ours is acknowledged in this epoch
         if trio.current_time() >= self._until:
             log.warning("ha: took the lock, but my lease may have run out meanwhile: waiting")
             return
         await self._stop_following()
         lp = self.lp
         await lp.call(promote, lp, epoch, self._until)
-        self._wake.set()
+        self.published = b""
+        await self._publish()  # role primary: load balancers' checks and `ha status` see it
         log.info("ha: I am the primary now (epoch %d, from seq %d)", epoch, self.durable_seq())
-        record = {"name": self.cfg.name, "epoch": epoch, "time": time.time(),
+        record = {"name": self.cfg.name, "epoch": epoch, "time": taken,
                   "from": c.last_leader, "seq": self.durable_seq()}
         await self.store.put(self.pre + f"failovers/{epoch:012d}", json.dumps(record).encode())
         so = c.switchover

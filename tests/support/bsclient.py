@@ -47,9 +47,9 @@ class Client:
     With `ssl_context`, the socket is wrapped by the standard `ssl` module."""
 
     def __init__(self, port: int, timeout: float = 10.0, source: str | None = None,
-                 ssl_context: ssl.SSLContext | None = None):
+                 ssl_context: ssl.SSLContext | None = None, host: str = "127.0.0.1"):
         # `source`: the local address to connect from (another 127.0.0.x peer).
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout,
+        self.sock = socket.create_connection((host, port), timeout=timeout,
                                              source_address=(source, 0) if source else None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if ssl_context is not None:

@@ -114,14 +114,17 @@ def smallstalk_cmd() -> list[str]:
 
 
 def start_smallstalk(
-    tmp: Path, *args: str, data_dir: Path | None = None, port: int | None = None
+    tmp: Path, *args: str, data_dir: Path | None = None, port: int | None = None,
+    host: str = "127.0.0.1",
 ) -> Server:
+    """`host`: another loopback address (127.0.0.2, ...) for a server of a cluster."""
     port = port or free_port()
-    cmd = smallstalk_cmd() + ["serve", "-l", "127.0.0.1", "-p", str(port)]
+    cmd = smallstalk_cmd() + ["serve", "-l", host, "-p", str(port)]
     if data_dir is not None:
         cmd += ["--data-dir", str(data_dir)]
     cmd += list(args)
-    log_path = tmp / f"smallstalk-{port}.log"
+    log_path = tmp / (f"smallstalk-{port}.log" if host == "127.0.0.1"
+                      else f"smallstalk-{host}-{port}.log")
     log = open(log_path, "ab")
     log_start = log.tell()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
@@ -129,7 +132,7 @@ def start_smallstalk(
     try:
         # The port opens before recovery (launch.py binds first); the log line
         # says the server is ready. No probe connection: it would show in stats.
-        wait_for_log(log_path, f"listening on 127.0.0.1:{port}", proc, start=log_start)
+        wait_for_log(log_path, f"listening on {host}:{port}", proc, start=log_start)
     except RuntimeError as e:
         server.kill()
         raise RuntimeError(f"{e}\n{server.log()}") from None
