@@ -50,6 +50,8 @@ Commands:
   serve         run the server (see `smallstalk serve -h`); beanstalkd's
                 flags without a command also serve
   promote       promote [--token-file FILE] HOST:PORT: turn a replica into a primary
+  ha            ha status | switchover [--to NODE] | pause | resume: an HA
+                cluster (--ha-etcd; smallstalk[ha], docs/HA.md)
   config        config dump: the effective per-tube settings, from a
                 --config FILE or a running --server HOST:PORT
   aof           inspect a data directory: aof ls | dump | verify
@@ -73,11 +75,12 @@ TOOL_COMMANDS = {
     "analyze": "smallstalk.analytics:main",
     "worker": "smallstalk.worker:main",
     "config": "smallstalk.ops.config_dump:main",
+    "ha": "smallstalk.ops.ha:main",
 }
 
 
 # Optional dependencies -> the extra that installs them.
-EXTRAS = {"pyspark": "analytics", "pyarrow": "analytics"}
+EXTRAS = {"pyspark": "analytics", "pyarrow": "analytics", "httpx": "ha"}
 
 # beanstalkd's exit statuses for the same mistakes.
 EXIT_LISTEN, EXIT_USER = 111, 32

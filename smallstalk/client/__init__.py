@@ -57,6 +57,7 @@ from smallstalk.client.errors import (
     NotIgnored,
     OutOfMemory,
     ProtocolError,
+    ReadOnly,
     ReadTimeout,
     TimedOut,
     Unauthorized,
@@ -81,7 +82,7 @@ __all__ = [
     "SERVERS_ENV", "TOKEN_ENV", "AsyncClient", "BadFormat", "BeanstalkError", "Buried", "Client",
     "CommandError", "ConnectionFailed", "DeadlineSoon", "Draining", "ExpectedCRLF",
     "InternalError", "Job", "JobLike", "JobRef", "JobStats", "JobTooBig", "NotFound",
-    "NotIgnored", "OutOfMemory", "ProtocolError", "ReadTimeout", "Reply", "ReplyReader",
+    "NotIgnored", "OutOfMemory", "ProtocolError", "ReadOnly", "ReadTimeout", "Reply", "ReplyReader",
     "Security", "ServerStats", "TimedOut", "TubeStats", "Unauthorized", "UnknownCommand",
     "interpret", "normalize_address", "resolve_servers",
 ]

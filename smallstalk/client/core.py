@@ -22,6 +22,7 @@ from .errors import (
     Draining,
     NotFound,
     NotIgnored,
+    ReadOnly,
     TimedOut,
     UnknownCommand,
 )
@@ -262,6 +263,11 @@ class _Core:
                 # The put may have reached the server: at-least-once, like the protocol.
                 self._mark_down(i)
                 last = e
+            except ReadOnly as e:
+                # Not the primary of an HA cluster (or a replica): nothing was
+                # logged; writes go elsewhere until the retry interval passes.
+                self._mark_down(i)
+                last = e
             except Draining as e:
                 last = e
         assert last is not None
@@ -307,14 +313,14 @@ class _Core:
             start = self._next_reserve
             self._next_reserve = (start + 1) % len(self.servers)
             reachable = 0
-            last: ConnectionFailed | None = None
+            last: ConnectionFailed | ReadOnly | None = None
             for i in self._live(start):
                 try:
                     return (yield from self.one(i, p.Reserve(0)))
                 except TimedOut:
                     reachable += 1
-                except ConnectionFailed as e:
-                    self._mark_down(i)
+                except (ConnectionFailed, ReadOnly) as e:
+                    self._mark_down(i)  # ReadOnly: not the primary of an HA cluster
                     last = e
             if not reachable:
                 assert last is not None
@@ -329,7 +335,7 @@ class _Core:
                 return (yield from self.one(i, p.Reserve(secs), secs))
             except TimedOut:
                 pass
-            except ConnectionFailed:
+            except (ConnectionFailed, ReadOnly):
                 self._mark_down(i)
 
     def reserve_job(self, job: JobLike) -> _Op[Job]:

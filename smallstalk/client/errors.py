@@ -70,6 +70,14 @@ class Draining(CommandError):
     reply = word_of(p.DRAINING)
 
 
+class ReadOnly(CommandError):
+    """The server takes no changes: a replica, or an HA member that does not hold
+    the leader lock. With several addresses of one cluster, the client tries
+    the next (the primary takes them)."""
+
+    reply = word_of(p.READ_ONLY)
+
+
 class NotFound(CommandError):
     reply = word_of(p.NOT_FOUND)
 
@@ -112,6 +120,7 @@ class Unauthorized(CommandError):
 ERRORS: dict[bytes, type[CommandError]] = {
     cls.reply: cls
     for cls in (OutOfMemory, InternalError, BadFormat, UnknownCommand, ExpectedCRLF, JobTooBig,
-                Draining, NotFound, NotIgnored, TimedOut, DeadlineSoon, Buried, Unauthorized)
+                Draining, NotFound, NotIgnored, TimedOut, DeadlineSoon, Buried, Unauthorized,
+                ReadOnly)
 }
 

@@ -31,7 +31,7 @@ from starlette.staticfiles import StaticFiles
 
 from smallstalk import __version__ as VERSION
 from smallstalk.config import ServeConfig
-from smallstalk.console import tools, views
+from smallstalk.console import ha, tools, views
 from smallstalk.console.guard import Guard
 from smallstalk.console.metrics import Exporter
 from smallstalk.core.protocol import Parser, valid_tube_name
@@ -305,6 +305,7 @@ def routes(c: Console) -> list:
         Route("/report", report), Route("/login", login, methods=["GET", "POST"]),
         Route("/do/{what:str}/{target:path}", action, methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        *ha.routes(c),  # /primary, /replica, /health for load balancers; /cluster
     ]
 
 
