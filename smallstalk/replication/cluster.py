@@ -161,7 +161,7 @@ def decide(c: Cluster, me: Me) -> Decision:
     """What `me` does about cluster `c` (one cycle): see docs/HA.md."""
     lead = c.leader
     if lead is not None and lead.name == me.name and lead.lease == me.lease:
-        if me.role != "primary":
+        if me.role not in ("primary", "fenced"):
             # Won in an earlier cycle whose promotion did not finish: finish it.
             return Decision("acquire", f"I hold the lock (epoch {lead.epoch}) but do not lead yet")
         so = c.switchover
@@ -170,6 +170,9 @@ def decide(c: Cluster, me: Me) -> Decision:
             if target is None or target == me.name:
                 return Decision("renew", "switchover asked, but no other member can take over")
             return Decision("hand_over", f"switchover: handing the lock to {target}", target)
+        if me.role == "fenced":
+            return Decision("renew", f"I hold the lock again (epoch {lead.epoch}): "
+                                     "taking writes once the lease is renewed")
         return Decision("renew", f"no action: I am the leader with the lock (epoch {lead.epoch})")
     if lead is not None:
         if lead.name == me.name:

@@ -83,7 +83,9 @@ class HAMember:
         self.cfg = cfg
         self.min_replica_acks = min_replica_acks
         self.ssl_context, self.token = ssl_context, token
-        self.store = store or etcd.Etcd(cfg.etcd, timeout=min(1.0, cfg.ttl / 4))
+        # Short: a store member that hangs must leave time to ask the next one
+        # (and to retry) before the lease runs out.
+        self.store = store or etcd.Etcd(cfg.etcd, timeout=max(0.25, min(1.0, cfg.ttl / 8)))
         self.pre = cl.prefix(cfg.cluster)
         self.loop_wait = max(cfg.ttl / 10, 0.1)
         self.lease = 0

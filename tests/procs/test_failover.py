@@ -253,3 +253,45 @@ def test_the_store_unreachable_fences_the_primary_and_writes_come_back(cluster_f
     final = c.wait_leader(10)
     result = check_history(ledger, present_bodies(c, c.index(final), ledger))
     assert result["acked"] > 0
+
+
+def test_loss_of_the_stores_leader_is_no_failover(tmp_path, capsys):
+    """Three etcd members; the one leading etcd's own Raft group is killed: the
+    members go on with the other two, no failover, writes wait at most a renewal."""
+    store = start_etcd(tmp_path, 3)
+    ttl = 4  # etcd's own election (timeout 1 s here) must fit in a lease
+    c = None
+    try:
+        from ..support.hacluster import start_cluster as start
+
+        c = start(tmp_path, store, ttl=ttl)
+        old = c.wait_leader(30)
+        c.wait_members({c.node(i): ("primary" if c.node(i) == old else "replica")
+                        for i in range(3)})
+        epoch = c.view().leader.epoch
+        ledger = Ledger()
+        threads = run_load(c, ledger, producers=2, workers=1)
+        try:
+            since = time.monotonic()
+            wait_for(lambda: acks_flow(ledger, old, since), 30, "acknowledged puts")
+            k = store.leader_index()
+            assert k is not None
+            t_kill = time.monotonic()
+            store.kill(k)
+            time.sleep(ttl * 2)
+        finally:
+            stop_load(ledger, threads)
+        times = sorted(t for t, _n, _b, _i in ledger.puts if t > t_kill - 1)
+        gap = max(b - a for a, b in zip(times, times[1:], strict=False))
+        with capsys.disabled():
+            print(f"\nstore leader killed: longest pause between acknowledged puts "
+                  f"{gap:.2f} s (lease {ttl} s)")
+        v = c.view()
+        assert v.leader is not None and v.leader.name == old and v.leader.epoch == epoch
+        assert {n for _t, n, _b, _i in ledger.puts} == {old}
+        assert gap < ttl, gap
+        assert any(t > t_kill + ttl for t in times)
+    finally:
+        if c is not None:
+            c.stop()
+        store.stop()

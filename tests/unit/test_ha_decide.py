@@ -42,6 +42,8 @@ CASES = [
     # (what, cluster, me, action, words in the reason)
     ("leader keeps its lock", view(LEADER_ME, [member("n2", 50)]), me("primary"),
      "renew", "I am the leader with the lock"),
+    ("a fenced leader whose lease is back keeps the lock", view(LEADER_ME, [member("n2", 50)]),
+     me("fenced"), "renew", "I hold the lock again"),
     ("won the lock, promotion unfinished", view(LEADER_ME, [member("n2", 50)]), me(),
      "acquire", "do not lead yet"),
     ("another holds the lock: follow it", view(LEADER_N1, [member("n1", 60)]), me(),
