@@ -190,14 +190,18 @@ class HAMember:
         self.store_error = why
 
     async def _watchdog(self) -> None:
-        """Fence the moment the lease runs out, without waiting for a cycle or a turn."""
+        """Fence the moment the lease runs out, without waiting for a cycle. (A loop
+        turn that starts past it fences too: after a pause, whichever runs first.)"""
         lp = self.lp
+        told = -math.inf  # the lease end already reported
         while True:
             until = lp.lease_until
-            if lp.role == "primary" and not lp.read_only and trio.current_time() >= until:
-                await lp.call(lp.fence, "ha: the lease was not renewed in time")
-                log.warning("ha: fenced: the lease was not renewed in time "
-                            "(writes get READ_ONLY until it is)")
+            if lp.role == "primary" and trio.current_time() >= until and until != told:
+                told = until
+                if not lp.read_only:
+                    await lp.call(lp.fence, "ha: the lease was not renewed in time")
+                log.warning("ha: fenced: the lease was not renewed in time (%s); "
+                            "writes get READ_ONLY until it is", lp.read_only)
                 continue
             wake = until if math.isfinite(until) else trio.current_time() + self.loop_wait
             await trio.sleep_until(min(wake, trio.current_time() + self.loop_wait))

@@ -45,10 +45,16 @@ class EtcdMember:
     data: Path
     log: Path
     proc: subprocess.Popen | None = None
+    host: str = "127.0.0.1"
+    prefix: tuple[str, ...] = ()  # e.g. ("ip", "netns", "exec", NS)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"http://{self.host}:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.host}:{self.peer_port}"
 
 
 @attrs.define
@@ -60,12 +66,12 @@ class EtcdCluster:
         return [m.url for m in self.members]
 
     def start(self, i: int | None = None) -> None:
-        initial = ",".join(f"{m.name}=http://127.0.0.1:{m.peer_port}" for m in self.members)
+        initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         for m in self.members if i is None else [self.members[i]]:
-            cmd = [ETCD, "--name", m.name, "--data-dir", str(m.data),
+            cmd = [*m.prefix, ETCD, "--name", m.name, "--data-dir", str(m.data),
                    "--listen-client-urls", m.url, "--advertise-client-urls", m.url,
-                   "--listen-peer-urls", f"http://127.0.0.1:{m.peer_port}",
-                   "--initial-advertise-peer-urls", f"http://127.0.0.1:{m.peer_port}",
+                   "--listen-peer-urls", m.peer_url,
+                   "--initial-advertise-peer-urls", m.peer_url,
                    "--initial-cluster", initial, "--initial-cluster-state", "new",
                    "--heartbeat-interval", "100", "--election-timeout", "1000"]
             m.proc = subprocess.Popen(cmd, stdout=open(m.log, "ab"), stderr=subprocess.STDOUT)
@@ -139,10 +145,11 @@ class EtcdCluster:
                    timeout=2).raise_for_status()
 
 
-def start_etcd(tmp: Path, n: int = 1) -> EtcdCluster:
+def start_etcd(tmp: Path, n: int = 1, host: str = "127.0.0.1",
+               prefix: tuple[str, ...] = ()) -> EtcdCluster:
     assert ETCD, "etcd is not installed (make system-packages installs etcd-server)"
     members = [EtcdMember(f"e{i}", free_port(), free_port(), tmp / f"etcd{i}",
-                          tmp / f"etcd{i}.log") for i in range(n)]
+                          tmp / f"etcd{i}.log", None, host, prefix) for i in range(n)]
     c = EtcdCluster(members)
     c.start()
     return c
@@ -160,6 +167,8 @@ class HACluster:
     ttl: int
     ports: list[int]
     servers: dict[int, Server] = attrs.Factory(dict)
+    hosts: list[str] = HOSTS
+    prefixes: list[tuple[str, ...]] | None = None  # per member: a command that runs it
 
     def node(self, i: int) -> str:
         return f"n{i + 1}"
@@ -168,14 +177,15 @@ class HACluster:
         return int(node[1:]) - 1
 
     def address(self, i: int) -> tuple[str, int]:
-        return HOSTS[i], self.ports[i]
+        return self.hosts[i], self.ports[i]
 
     def start(self, i: int) -> Server:
         host, port = self.address(i)
         s = start_smallstalk(self.tmp, "--ha-etcd", ",".join(self.store.urls),
                              "--ha-cluster", self.name, "--ha-name", self.node(i),
                              "--ha-ttl", str(self.ttl), *self.flags,
-                             data_dir=self.tmp / self.node(i), port=port, host=host)
+                             data_dir=self.tmp / self.node(i), port=port, host=host,
+                             prefix=self.prefixes[i] if self.prefixes else ())
         self.servers[i] = s
         return s
 
@@ -231,9 +241,10 @@ class HACluster:
 
 
 def start_cluster(tmp: Path, store: EtcdCluster, *flags: str, ttl: int = 2, n: int = 3,
-                  name: str = "c") -> HACluster:
+                  name: str = "c", hosts: list[str] = HOSTS,
+                  prefixes: list[tuple[str, ...]] | None = None) -> HACluster:
     ports = [free_port() for _ in range(n)]
-    c = HACluster(tmp, store, name, flags, ttl, ports)
+    c = HACluster(tmp, store, name, flags, ttl, ports, {}, hosts, prefixes)
     for i in range(n):
         c.start(i)
     return c

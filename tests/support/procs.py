@@ -115,11 +115,12 @@ def smallstalk_cmd() -> list[str]:
 
 def start_smallstalk(
     tmp: Path, *args: str, data_dir: Path | None = None, port: int | None = None,
-    host: str = "127.0.0.1",
+    host: str = "127.0.0.1", prefix: list[str] | tuple = (),
 ) -> Server:
-    """`host`: another loopback address (127.0.0.2, ...) for a server of a cluster."""
+    """`host`: another loopback address (127.0.0.2, ...) for a server of a cluster;
+    `prefix`: a command that runs it (`ip netns exec NS` in the partition test)."""
     port = port or free_port()
-    cmd = smallstalk_cmd() + ["serve", "-l", host, "-p", str(port)]
+    cmd = [*prefix, *smallstalk_cmd(), "serve", "-l", host, "-p", str(port)]
     if data_dir is not None:
         cmd += ["--data-dir", str(data_dir)]
     cmd += list(args)
