@@ -72,8 +72,8 @@ def cluster_factory(tmp_path, store):
         c.stop()
 
 
-def run_load(c, ledger: Ledger, producers: int = 3, workers: int = 2):
-    threads = [start_thread(producer, c, ledger, f"p{k}") for k in range(producers)]
+def run_load(c, ledger: Ledger, producers: int = 3, workers: int = 2, tag: str = ""):
+    threads = [start_thread(producer, c, ledger, f"{tag}p{k}") for k in range(producers)]
     threads += [start_thread(worker, c, ledger) for _ in range(workers)]
     return threads
 
@@ -103,18 +103,19 @@ def check_epochs(ledger: Ledger, failovers, wall_offset: float) -> None:
 def test_kill_9_of_the_primary_under_load(cluster_factory, capsys, mode):
     """Synchronous (--min-replica-acks 1): nothing acknowledged is lost.
     Asynchronous: what is lost is measured and reported, never a job twice
-    or a delete undone."""
+    or a delete undone. Every round checks the whole acknowledged history so far."""
     c = cluster_factory(*(["--min-replica-acks", "1"] if mode == "sync" else []))
     wall_offset = time.time() - time.monotonic()
     first = c.wait_leader(30)
     c.wait_members({c.node(i): ("primary" if c.node(i) == first else "replica")
                     for i in range(3)})
     ledger = Ledger()
-    threads = run_load(c, ledger)
-    elected, first_acks = [], []
-    try:
-        for _round in range(ROUNDS):
-            old = c.wait_leader(30)
+    elected, first_acks, lost = [], [], []
+    for r in range(ROUNDS):
+        old = c.wait_leader(30)
+        ledger.stop.clear()
+        threads = run_load(c, ledger, tag=f"r{r}-")
+        try:
             since = time.monotonic()
             wait_for(lambda old=old, since=since: acks_flow(ledger, old, since), 30,
                      f"acknowledged puts on {old}")
@@ -126,22 +127,26 @@ def test_kill_9_of_the_primary_under_load(cluster_factory, capsys, mode):
             wait_for(lambda old=old, t=t_kill: first_ack_after(ledger, t, old) is not None, 30,
                      "a put acknowledged by the new primary")
             first_acks.append(first_ack_after(ledger, t_kill, old) - t_kill)
-            c.start(c.index(old))  # the old primary rejoins as a replica
-            c.wait_members({old: "replica", new: "primary"}, 60)
-    finally:
-        stop_load(ledger, threads)
-    final = c.wait_leader(10)
-    result = check_history(ledger, present_bodies(c, c.index(final), ledger))
+            time.sleep(1.0)  # load on the new primary while the old one is gone
+        finally:
+            stop_load(ledger, threads)
+        # The whole history so far, with the load stopped (a delete racing the
+        # read would look like a job come back).
+        result = check_history(ledger, present_bodies(c, c.index(new), ledger))
+        check_epochs(ledger, c.view().failovers, wall_offset)
+        lost.append(result["lost"])
+        if mode == "sync":
+            assert result["lost"] == 0, (r, result)
+        c.start(c.index(old))  # the old primary rejoins as a replica
+        c.wait_members({old: "replica", new: "primary"}, 60)
     with capsys.disabled():
         print(f"\nfailover ({mode}, ttl {TTL}s, {ROUNDS} rounds): new primary after "
-              f"{', '.join(f'{x:.2f}' for x in elected)} s; first acknowledged put after "
-              f"p50 {statistics.median(first_acks):.2f} s, max {max(first_acks):.2f} s; "
-              f"history {result}")
-    if mode == "sync":
-        assert result["lost"] == 0, result
-    assert result["acked"] > 100, result
+              f"p50 {statistics.median(elected):.2f} s, max {max(elected):.2f} s; first "
+              f"acknowledged put after p50 {statistics.median(first_acks):.2f} s, max "
+              f"{max(first_acks):.2f} s; acknowledged puts {result['acked']}, lost {lost[-1]} "
+              f"(per round, cumulative: {lost}); deletes {result['deleted']}")
+    assert result["acked"] > 30 * ROUNDS, result
     assert max(elected) <= TTL + 2, elected
-    check_epochs(ledger, c.view().failovers, wall_offset)
 
 
 def test_a_paused_primary_acknowledges_nothing_and_sets_its_divergent_records_aside(
