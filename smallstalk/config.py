@@ -335,8 +335,8 @@ def check_tls(cfg: ServeConfig) -> None:
                          "with --tls-cert and --tls-key")
     if (cfg.replica_tls_cert is None) != (cfg.replica_tls_key is None):
         raise UsageError("--replica-tls-cert and --replica-tls-key go together")
-    if cfg.replica_of is None and (cfg.replica_tls_ca or cfg.replica_tls_cert):
-        raise UsageError("--replica-tls-* are for --replica-of HOST:PORT")
+    if cfg.replica_of is None and not cfg.ha_etcd and (cfg.replica_tls_ca or cfg.replica_tls_cert):
+        raise UsageError("--replica-tls-* are for --replica-of HOST:PORT or --ha-etcd")
 
 
 def tls_address(cfg: ServeConfig) -> str:

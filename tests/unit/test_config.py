@@ -362,3 +362,49 @@ def test_tls_flag_mistakes(argv: list[str], why: str) -> None:
 
 def test_a_unix_socket_alone_may_go_without_plaintext_tcp() -> None:
     assert parse("-l", "unix:/tmp/s.sock", "--no-plaintext").plaintext is False
+
+
+def test_ha_settings_from_flags_and_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, '[server]\ndata-dir = "d"\n\n[ha]\n'
+                 'etcd = ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]\n'
+                 'cluster = "jobs"\nname = "node1"\nadvertise = "10.0.0.1:11300"\n'
+                 'ttl = "5s"\nmax-lag = 10\n')
+    cfg = parse_serve(["--config", str(path)])
+    assert cfg.ha_etcd == ("http://10.0.0.1:2379", "http://10.0.0.2:2379")
+    assert (cfg.ha_cluster, cfg.ha_name, cfg.ha_advertise, cfg.ha_ttl, cfg.ha_max_lag) == (
+        "jobs", "node1", "10.0.0.1:11300", 5, 10)
+    cfg = parse_serve(["--config", str(path), "--ha-ttl", "3", "--ha-name", "other"])
+    assert (cfg.ha_ttl, cfg.ha_name) == (3, "other")
+    # Without --ha-advertise: -l and -p, and the host name as the member's name.
+    cfg = parse_serve(["-b", "d", "-l", "10.0.0.7", "-p", "11400",
+                       "--ha-etcd", "http://127.0.0.1:2379"])
+    assert cfg.ha_advertise == "10.0.0.7:11400" and cfg.ha_name
+    assert cfg.ha_ttl == 10 and cfg.ha_cluster == "smallstalk"
+    assert parse_serve(["-b", "d"]).ha_etcd == ()
+
+
+@pytest.mark.parametrize("argv,why", [
+    (["--ha-etcd", "http://127.0.0.1:2379"], "needs a data directory"),
+    (["-b", "d", "--ha-etcd", "127.0.0.1:2379"], "http://HOST:PORT"),
+    (["-b", "d", "--ha-etcd", "http://e:2379", "--replica-of", "h:1"], "exclude each other"),
+    (["-b", "d", "--ha-etcd", "http://e:2379", "--ha-ttl", "1"], "at least 2"),
+    (["-b", "d", "--ha-etcd", "http://e:2379", "-l", "0.0.0.0"], "--ha-advertise"),
+    (["-b", "d", "--ha-etcd", "http://e:2379", "--ha-advertise", "nope"], "HOST:PORT"),
+    (["-b", "d", "--ha-etcd", "http://e:2379", "--ha-name", "a/b"], "without '/'"),
+])
+def test_ha_flag_mistakes(argv: list[str], why: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(why)):
+        parse_serve(argv)
+
+
+def test_an_unknown_ha_key_names_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, '[ha]\netcd = "http://e:2379"\nleader = "me"\n')
+    with pytest.raises(UsageError, match="ha: unknown key 'leader'"):
+        parse_serve(["--config", str(path)])
+
+
+def test_the_ha_example_in_the_docs_is_a_valid_file(tmp_path: Path) -> None:
+    doc = (REPO / "docs" / "HA.md").read_text()
+    example = re.search(r"```toml\n(.*?)```", doc, re.S).group(1)
+    cfg = parse_serve(["--config", str(write(tmp_path, example))])
+    assert len(cfg.ha_etcd) == 3 and cfg.ha_name == "node1" and cfg.min_replica_acks == 1
