@@ -180,7 +180,7 @@ def decide(c: Cluster, me: Me) -> Decision:
             if me.role == "primary":
                 return Decision("step_down", "the lock is under a lease that is not mine")
             return Decision("wait", "the lock is held by my previous run's lease until it expires")
-        if me.role == "primary":
+        if me.role in ("primary", "fenced"):
             return Decision("step_down", f"{lead.name} holds the lock (epoch {lead.epoch})")
         if lead.name not in c.members:
             return Decision("wait", f"{lead.name} holds the lock but has not reported its position")

@@ -212,9 +212,11 @@ class HAMember:
         now = trio.current_time()
         if self.lease and now - self.renewed_at < self.cfg.ttl / 3:
             return
+        renewed = False
         if self.lease:
             ttl = await self.store.keepalive(self.lease)
-            if ttl <= 0:
+            renewed = ttl > 0
+            if not renewed:
                 log.warning("ha: my lease %x expired in the store", self.lease)
                 self.lease = 0
                 self.published = b""
@@ -225,7 +227,9 @@ class HAMember:
         self.renewed_at = now
         until = now + ttl * (1 - CLOCK_MARGIN)
         lp = self.lp
-        if lp.role == "primary":
+        if renewed and lp.role == "primary":
+            # Only the lease the lock hangs on extends what we may acknowledge: a
+            # new one holds no lock (it went with the old lease).
             await lp.call(lp.hold_lease, until)
         self._until = until
 

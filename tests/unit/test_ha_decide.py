@@ -55,6 +55,8 @@ CASES = [
     ("leader not reported yet", view(LEADER_N1, []), me(), "wait", "has not reported"),
     ("a primary sees another's lock", view(LEADER_N1, [member("n1", 60)]), me("primary"),
      "step_down", "n1 holds the lock"),
+    ("a fenced primary back from a pause", view(LEADER_N1, [member("n1", 60)]), me("fenced"),
+     "step_down", "n1 holds the lock"),
     ("a primary whose lock is gone", view(None, [member("n1", 60)]), me("primary"),
      "step_down", "my lease was lost"),
     ("our name, an older lease", view(cl.Leader("n2", 3, 5), []), me(),
