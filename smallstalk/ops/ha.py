@@ -83,8 +83,11 @@ def main(argv: list[str]) -> int:
     try:
         command, opts = _options(argv)
         urls, cluster = _store_settings(opts)
-        wait = float(opts.get("wait", "60"))
-    except (HAUsage, ValueError) as e:
+        try:
+            wait = float(opts.get("wait", "60"))
+        except ValueError:
+            raise HAUsage(f"--wait takes seconds, got {opts['wait']!r}") from None
+    except HAUsage as e:
         print(f"smallstalk ha: {e} (see `smallstalk ha -h`)", file=sys.stderr)
         return 2
     from smallstalk.replication.etcd import Etcd, StoreUnavailable

@@ -233,7 +233,18 @@ class HACluster:
                     return False
             return True
 
-        wait_for(ok, timeout, f"members {roles}")
+        try:
+            wait_for(ok, timeout, f"members {roles}")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; store: {self.view()}\n{self.log_tails()}") from None
+
+    def log_tails(self, lines: int = 15) -> str:
+        """The end of every member's log, for a failure message."""
+        out = []
+        for i, s in sorted(self.servers.items()):
+            tail = s.log().splitlines()[-lines:]
+            out.append(f"--- {self.node(i)} ---\n" + "\n".join(tail))
+        return "\n".join(out)
 
     def client(self, i: int, timeout: float = 2.0) -> Client:
         host, port = self.address(i)
