@@ -251,6 +251,33 @@ def test_the_architecture_prints_the_table() -> None:
     assert rows == ALLOWED
 
 
+@pytest.mark.parametrize("entry", ["smallstalk.launch", "smallstalk.config"])
+def test_the_way_in_imports_no_trio(entry: str) -> None:
+    """launch.py binds the port before trio is imported, and config.py parses
+    the flags in time for it: what they import when loaded (transitively,
+    within smallstalk/) imports no trio. Imports inside functions run later."""
+    seen, todo, bad = {entry}, [entry], []
+    while todo:
+        module = todo.pop()
+        for i in IMPORTS:
+            if i.module != module or not i.top_level or i.type_checking:
+                continue
+            if i.target.split(".")[0] == "trio":
+                bad.append(f"{i.where()}: {i.module} imports {i.target}")
+            for t in (i.target, *_parents(i.target)):
+                if t in MODULES and t not in seen:
+                    seen.add(t)
+                    todo.append(t)
+    assert len(seen) > 1
+    report(bad, f"importing {entry} imports trio")
+
+
+def _parents(module: str) -> list[str]:
+    """smallstalk.server.admin -> [smallstalk.server, smallstalk]: packages run first."""
+    parts = module.split(".")
+    return [".".join(parts[:k]) for k in range(1, len(parts))]
+
+
 def _cycles(edges: dict[str, dict[str, Import]]) -> list[list[str]]:
     """One cycle per strongly connected component (Tarjan), as a list of modules."""
     index: dict[str, int] = {}
