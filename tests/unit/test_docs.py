@@ -53,6 +53,9 @@ PYTHON_M = re.compile(r"\bpython3?\s+-m\s+([\w.]+)")
 FUNCTION = re.compile(NOT_AFTER + r"((?:[\w-]+/)*[\w-]+\.py):([A-Za-z_][\w.]*)")
 STRING_PREFIX = re.compile(r"[A-Za-z]*")
 MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
+# (docs/CLIENT.md, "TLS and the admin token"), (README, Replication): a section by name
+SECTION = re.compile(NOT_AFTER + r"((?:docs/|snapshots/|bench/)?(?:[A-Z][A-Z-]*\.md|README))"
+                     r", (\"[^\"]+\"|[A-Z][\w' -]*?)(?=[).;,]|$)", re.M)
 
 # --- allowances (each is not a name of this repository) ----------------------------------
 # Names with a placeholder or a wildcard are patterns: `snapshots/<seq>.snap`
@@ -189,6 +192,22 @@ def anchors(doc: Path) -> frozenset[str]:
     return frozenset(re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads)
 
 
+def section_problem(doc: str, section: str, where: Path) -> str | None:
+    """None if `doc` has a heading, or a bold lead (`- **Restart**`), that
+    starts with `section`."""
+    name = doc if doc.endswith(".md") else doc + ".md"
+    for base in (where.parent, REPO, REPO / "docs"):
+        if (base / name).is_file():
+            text = (base / name).read_text()
+            break
+    else:
+        return "no such document"
+    heads = re.findall(r"^#+ (.+)$|\*\*([^*]+)\*\*", text, re.M)
+    if any((h or b).lower().startswith(section.lower()) for h, b in heads):
+        return None
+    return "no heading of that name there"
+
+
 def _strip(path: str) -> str:
     return path.rstrip(".,;:)'\"`")
 
@@ -246,6 +265,10 @@ def problems_in(text: str, where: Path, first_line: int = 1) -> list[str]:
         why = function_problem(m.group(1), m.group(2), where)
         if why:
             fail(m.start(), m.group(0), why)
+    for m in SECTION.finditer(text):
+        why = section_problem(m.group(1), " ".join(m.group(2).strip('"').split()), where)
+        if why:
+            fail(m.start(), m.group(0), why)
     if where.suffix == ".md":
         for m in MD_LINK.finditer(text):
             target, _, anchor = m.group(1).partition("#")
@@ -269,13 +292,15 @@ def test_the_checker_catches_stale_names(tmp_path: Path) -> None:
     see [the format](../snapshots/FORMAT.md), `smallstalk/server/server.py`,
     `server/replica.py`, `smallstalk.server.loop.NoSuchThing`, `tests/test_protocol.py`,
     `server/loop.py:MutationLoop.no_such_method`, [gone](PERFORMANCE.md#no-such-section)
+    (docs/CLIENT.md, "TLS and tokens"), (README, Replicas).
     """
     bad = problems_in(stale, REPO / "docs" / "ARCHITECTURE.md")
     for name in ("server.py", "replica.py", "python -m smallstalk.compactor",
                  "smallstalk.compactor", "../snapshots/FORMAT.md", "smallstalk/server/server.py",
                  "server/replica.py", "smallstalk.server.loop.NoSuchThing",
                  "tests/test_protocol.py", "server/loop.py:MutationLoop.no_such_method",
-                 "PERFORMANCE.md#no-such-section"):
+                 "PERFORMANCE.md#no-such-section", 'docs/CLIENT.md, "TLS and tokens"',
+                 "README, Replicas"):
         assert any(f": {name} (" in b for b in bad), (name, bad)
     fine = """
     `smallstalk.storage.compactor` (`python -m smallstalk.storage.compactor`),
@@ -283,7 +308,8 @@ def test_the_checker_catches_stale_names(tmp_path: Path) -> None:
     https://example.com/smallstalk/x.py, /var/lib/smallstalk/snapshots/1.snap,
     `DATA_DIR/aof/<first seq>.aof`, `snapshots/<seq>.snap`, `smallstalk.worker.App`,
     contrib/systemd/smallstalk.service, [security](SECURITY.md),
-    [the table](PERFORMANCE.md#the-current-table), [spine](#the-layers)
+    [the table](PERFORMANCE.md#the-current-table), [spine](#the-layers),
+    (docs/CLIENT.md, "TLS and the admin token"), (README, Replication), (PERFORMANCE.md, Restart)
     """
     assert problems_in(fine, REPO / "docs" / "ARCHITECTURE.md") == []
 
