@@ -288,7 +288,8 @@ class MutationLoop:
         j = self.journal
         if j is not None:
             c = self.commit
-            c.check_available()
+            if c.failed_until or c.stale:  # the common case costs no call
+                c.check_available()
             rec = cls(j.take_seq(), self.now, *fields)
             c.stage(rec)
         else:
