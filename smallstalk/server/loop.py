@@ -143,14 +143,15 @@ class MutationLoop:
     # --- the connection side (called from connection tasks) ----------------------
 
     def open_session(self, deliver: Callable, peer: str | None = None,
-                     transport: str = "local") -> Session:
+                     transport: str = "local", dialect=None) -> Session:
         """A new connection's session; `peer` and `transport` decide whether it
-        may run admin commands without `auth` (server/admin.py)."""
+        may run admin commands without `auth` (server/admin.py); `dialect`:
+        another protocol's (Session.dialect)."""
         sid = self._next_conn
         if self.role == "replica" and sid < REPLICA_SESSIONS:
             sid = REPLICA_SESSIONS
         self._next_conn = sid + 1
-        s = Session(sid, deliver, self._resume_cb, peer, transport)
+        s = Session(sid, deliver, self._resume_cb, peer, transport, dialect)
         s.admin = self.admin.trusts(peer, transport)
         self._post(("open", s))
         return s
@@ -531,6 +532,8 @@ class MutationLoop:
             s.need = must_sync
         self.volatile(r.WaitStop, s.id)
         s.blocked = False
+        if s.dialect is not None:
+            reply = s.dialect.wait_ended(reply)
         s.out.append(reply)
         s.out_mut.append(False)
         s.owed += len(reply)
@@ -585,15 +588,22 @@ class MutationLoop:
                 continue
             must0 = c.must_sync
             c.revealed = None
-            self.log(r.Reserve, cid, job.id)
+            if s.dialect is not None:
+                # Another protocol's wait: it takes the job its own way (its
+                # records end the wait) and answers in its own words.
+                reply = s.dialect.granted(self, s, job)
+            else:
+                self.log(r.Reserve, cid, job.id)
+                reply = None
             if c.track_needs:
                 c.note_need(s, must0)
             s.blocked = False
-            try:
-                reply = p.reserved(job.id, self.body_of(job))
-            except BodyError as e:
-                log.error("answering INTERNAL_ERROR: %s", e)
-                reply = p.INTERNAL_ERROR
+            if reply is None:
+                try:
+                    reply = p.reserved(job.id, self.body_of(job))
+                except BodyError as e:
+                    log.error("answering INTERNAL_ERROR: %s", e)
+                    reply = p.INTERNAL_ERROR
             s.out.append(reply)
             s.out_mut.append(True)
             s.owed += len(reply)
