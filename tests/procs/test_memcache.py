@@ -344,3 +344,29 @@ def test_byte_soup_on_the_memcache_port_neither_crashes_nor_stops_service(server
         assert bs.call(b"list-tube-used\r\n").line == b"USING default"
     assert server.proc.poll() is None
     assert "Traceback" not in server.log()
+
+
+def test_a_replica_sees_memcache_changes_and_refuses_them_itself(tmp_path) -> None:
+    primary, mport = start(tmp_path)
+    rport = free_port()
+    (tmp_path / "r").mkdir()
+    replica = start_smallstalk(tmp_path / "r",
+                               "--replica-of", f"127.0.0.1:{primary.port}",
+                               "--memcache-port", str(rport), data_dir=tmp_path / "replica")
+    try:
+        c = Raw(mport)
+        assert c.ask(b"set mirrored 0 0 2\r\nm1\r\nset mirrored 0 0 2\r\nm2\r\n") == \
+            b"STORED\r\nSTORED\r\n"
+        assert c.ask(b"get mirrored\r\n") == b"VALUE mirrored 0 2\r\nm1\r\nEND\r\n"
+        with connect(replica.port) as bs:
+            wait_for(lambda: bs.call(b"stats-tube mirrored\r\n").line.startswith(b"OK") and
+                     bs.call(b"stats-tube mirrored\r\n").yaml()["current-jobs-ready"] == "1",
+                     20, "the replica to have the memcache changes")
+        r = Raw(rport)
+        assert r.ask(b"get mirrored/peek\r\n") == b"VALUE mirrored/peek 0 2\r\nm2\r\nEND\r\n"
+        assert r.ask(b"get mirrored\r\n") == b"SERVER_ERROR read-only: this server is a replica\r\n"
+        assert r.ask(b"set mirrored 0 0 1\r\nx\r\n") == \
+            b"SERVER_ERROR read-only: this server is a replica\r\n"
+    finally:
+        replica.stop()
+        primary.stop()
