@@ -30,22 +30,44 @@ class Raw:
         self.buf = b""
 
     def ask(self, data: bytes, expect_len: int | None = None) -> bytes:
-        self.sock.sendall(data)
-        return self.read_until_quiet(expect_len)
-
-    def read_until_quiet(self, expect_len: int | None = None, quiet: float = 0.3) -> bytes:
-        """Everything that arrives until `quiet` seconds pass without more (or,
-        with `expect_len`, exactly that many bytes)."""
+        """The replies to `data`: exactly `expect_len` bytes, or else all of
+        them up to a `version` sent behind (answered after everything before
+        it, so no quiet period is guessed), whose own reply is left out."""
+        if expect_len is not None:
+            self.sock.sendall(data)
+            return self.read(expect_len)
+        self.sock.sendall(data + b"version\r\n")
         out = b""
-        self.sock.settimeout(quiet if expect_len is None else 10)
+        self.sock.settimeout(10)
+        while True:
+            chunk = self.sock.recv(65536)
+            assert chunk, f"closed before answering {data!r}: got {out!r}"
+            out += chunk
+            end = out.rfind(b"VERSION ")
+            if end >= 0 and out.endswith(b"\r\n") and (end == 0 or out[end - 2:end] == b"\r\n"):
+                return out[:end]
+
+    def ask_until_closed(self, data: bytes) -> bytes:
+        """The replies to `data` when the server hangs up after them."""
+        self.sock.sendall(data)
+        out = b""
+        self.sock.settimeout(10)
         try:
-            while expect_len is None or len(out) < expect_len:
-                chunk = self.sock.recv(65536)
-                if not chunk:
-                    break
+            while chunk := self.sock.recv(65536):
                 out += chunk
-        except TimeoutError:
+        except ConnectionResetError:
             pass
+        return out
+
+    def read(self, expect_len: int) -> bytes:
+        """Exactly `expect_len` bytes (or fewer if the server hangs up)."""
+        out = b""
+        self.sock.settimeout(10)
+        while len(out) < expect_len:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                break
+            out += chunk
         return out
 
     def closed_by_server(self) -> bool:
@@ -138,13 +160,13 @@ def test_the_protocol_case_by_case(server) -> None:
         (b"get " + b"w" * 5000 + b"\r\n", b"CLIENT_ERROR line too long\r\n"),
     ]:
         c = Raw(server.memcache_port)
-        assert c.ask(sent) == expected
+        assert c.ask_until_closed(sent) == expected
         assert c.closed_by_server(), sent
     # A plain GET over an open read of the same queue: ERROR, and closed.
     c = Raw(server.memcache_port)
     c.ask(b"set work 0 0 1\r\nx\r\nset work 0 0 1\r\ny\r\n")
     assert c.ask(b"get work/open\r\n") == b"VALUE work/open 0 1\r\nx\r\nEND\r\n"
-    assert c.ask(b"get work\r\n") == b"ERROR\r\n"
+    assert c.ask_until_closed(b"get work\r\n") == b"ERROR\r\n"
     assert c.closed_by_server()
     # ... which put the open item back.
     c = Raw(server.memcache_port)
@@ -223,11 +245,14 @@ def test_a_waiting_get_is_woken_by_a_beanstalkd_put_and_times_out_in_millisecond
     waiter = Raw(server.memcache_port)
     waiter.sock.sendall(b"get slow/t=10000\r\n")
     with connect(server.port) as bs:
-        wait_for(lambda: bs.call(b"stats-tube slow\r\n").yaml()["current-waiting"] == "1", 10,
-                 "the GET to wait")
+        def waiting() -> bool:  # the tube exists once the GET has arrived
+            reply = bs.call(b"stats-tube slow\r\n")
+            return reply.status == b"OK" and reply.yaml()["current-waiting"] == "1"
+
+        wait_for(waiting, 10, "the GET to wait")
         bs.call(b"use slow\r\n")
         bs.put(b"woken")
-    assert waiter.read_until_quiet(len(b"VALUE slow/t=10000 0 5\r\nwoken\r\nEND\r\n")) == \
+    assert waiter.read(len(b"VALUE slow/t=10000 0 5\r\nwoken\r\nEND\r\n")) == \
         b"VALUE slow/t=10000 0 5\r\nwoken\r\nEND\r\n"
     t0 = time.monotonic()
     assert waiter.ask(b"get slow/t=300\r\n", len(b"END\r\n")) == b"END\r\n"
@@ -236,7 +261,7 @@ def test_a_waiting_get_is_woken_by_a_beanstalkd_put_and_times_out_in_millisecond
     # A client that half-closes while it waits gets its empty answer at once.
     waiter.sock.sendall(b"get slow/t=60000\r\n")
     waiter.sock.shutdown(socket.SHUT_WR)
-    assert waiter.read_until_quiet(len(b"END\r\n")) == b"END\r\n"
+    assert waiter.read(len(b"END\r\n")) == b"END\r\n"
 
 
 def test_fanout_queues_as_kestrels(server) -> None:
