@@ -182,14 +182,13 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
     lp = MutationLoop(state, journal, cfg.data_dir, max_job_size=cfg.max_job_size,
                       min_replica_acks=cfg.min_replica_acks,
                       replica_ack_timeout=cfg.replica_ack_timeout)
-    lp.policies = cfg.policies
-    lp.extended_stats = cfg.extended_stats
     token = read_token(cfg.admin_token_file) if cfg.admin_token_file else None
-    lp.admin = AdminPolicy(token, parse_allow(cfg.admin_allow))
-    lp.replication = Hooks()  # `replicate` and `promote` (server/ does not import replication/)
+    lp.configure(policies=cfg.policies, config_path=cfg.config_path,
+                 admin=AdminPolicy(token, parse_allow(cfg.admin_allow)),
+                 extended_stats=cfg.extended_stats,
+                 replication=Hooks())  # server/ does not import replication/
     if journal is not None:
         lp.use_bodies(bodies)
-    lp.config_path = cfg.config_path
     if cfg.config_path is not None:
         log.info("configuration from %s (tube policies: default and %d named tubes)",
                  cfg.config_path, len(cfg.policies.tubes))
@@ -262,7 +261,7 @@ async def _signals(scope: trio.CancelScope, lp: MutationLoop, cfg: ServeConfig |
         async with trio.open_nursery() as reloads:
             async for sig in sigs:
                 if sig == signal.SIGUSR1:
-                    lp.draining = True
+                    lp.start_draining()
                     log.info("drain mode: new jobs are refused")
                 elif sig == signal.SIGHUP:
                     reloads.start_soon(_reload, lp, cfg)
