@@ -3,7 +3,7 @@
 `serve(lp, cfg)` is one more task in the broker's nursery (cli.py starts it
 for `--http`): hypercorn's trio worker runs the ASGI app in the broker's own
 trio loop. Pages read the live state only through views.py (inside loop
-turns, paged); the replay tools run as child processes (tools.py). Writes are
+turns, paged); the replay tools run as child processes (replay_procs.py). Writes are
 protocol commands on a session of their own, like a client's, and pass the
 checks in `Guard` first (docs/CONSOLE.md, Security).
 """
@@ -31,10 +31,12 @@ from starlette.staticfiles import StaticFiles
 
 from smallstalk import __version__ as VERSION
 from smallstalk.config import ServeConfig
-from smallstalk.console import tools, views
+from smallstalk.console import replay_procs, views
 from smallstalk.console.guard import Guard
 from smallstalk.console.metrics import Exporter
+from smallstalk.core.model import STATE_BY_NAME, STATE_NAMES
 from smallstalk.core.protocol import Parser, valid_tube_name
+from smallstalk.ops.text import fmt_size
 from smallstalk.server.loop import MutationLoop
 
 log = logging.getLogger("smallstalk.console")
@@ -61,7 +63,7 @@ class Console:
         self.samples: deque[dict[str, Any]] = deque(maxlen=SAMPLES + 1)
         self.exporter = Exporter()
         self.guard = Guard(cfg)
-        self.tools = trio.CapacityLimiter(tools.CONCURRENT)
+        self.tools = trio.CapacityLimiter(replay_procs.CONCURRENT)
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=jinja2.select_autoescape(("html",)), undefined=jinja2.StrictUndefined)
@@ -135,16 +137,6 @@ class Console:
         return [line for line in out.split(b"\r\n") if line]
 
 
-def fmt_size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def fmt_seconds(s: float | int | None) -> str:
     if s is None:
         return "-"
@@ -211,7 +203,7 @@ def routes(c: Console) -> list:
         name = request.path_params["name"]
         q = request.query_params
         state = q.get("state", "ready")
-        state = state if state in views.STATES else "ready"
+        state = state if state in STATE_BY_NAME else "ready"
         after = _int(q.get("after"))
         rows = await lp.call(views.tube_rows, lp, [name])
         if not rows:
@@ -220,18 +212,18 @@ def routes(c: Console) -> list:
                               "client uses or watches it)")
         jobs = await lp.call(views.tube_jobs, lp, name, state, after, JOBS_PER_PAGE)
         return c.page(request, "tube.html", t=rows[0], name=name, state=state, jobs=jobs,
-                      after=after, states=list(views.STATES),
+                      after=after, states=list(STATE_NAMES),
                       next_after=jobs[-1]["id"] if len(jobs) == JOBS_PER_PAGE else None)
 
     async def job(request: Request) -> Response:
         jid = _int(request.path_params["id"])
         shown = request.query_params.get("view", "text")
         info = await lp.call(views.job, lp, jid, BODY_SHOWN)
-        history = await tools.job_history(c.tools, c.data_dir, jid) if c.data_dir else None
+        history = await replay_procs.job_history(c.tools, c.data_dir, jid) if c.data_dir else None
         body = info["body"] if info else b""
         return c.page(request, "job.html", jid=jid, info=info, view=shown,
-                      text=body.decode("utf-8", "replace"), hex=tools.hexdump(body),
-                      task=tools.decode_task(body), history=history)
+                      text=body.decode("utf-8", "replace"), hex=replay_procs.hexdump(body),
+                      task=replay_procs.decode_task(body), history=history)
 
     async def travel(request: Request) -> Response:
         q = request.query_params
@@ -242,13 +234,13 @@ def routes(c: Console) -> list:
         at = q.get("at", "").strip()
         filters = {k: q.get(k, "").strip() for k in ("op", "tube", "job", "conn")}
         result = None
-        bad = tools.check_travel(seq, filters)
+        bad = replay_procs.check_travel(seq, filters)
         if bad:
             result = {"error": bad, "state": None}
         elif seq or at:
-            result = await tools.travel(c.tools, c.data_dir, seq, at, filters)
+            result = await replay_procs.travel(c.tools, c.data_dir, seq, at, filters)
         return c.page(request, "travel.html", seq=seq, at=at, filters=filters, result=result,
-                      ops=tools.OPS)
+                      ops=replay_procs.OPS)
 
     async def replication(request: Request) -> Response:
         stats = await lp.call(views.server, lp)

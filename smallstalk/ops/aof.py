@@ -7,7 +7,7 @@ import sys
 from typing import IO
 
 from smallstalk.ops import dump, ls, verify
-from smallstalk.ops.format import EXIT_OK, EXIT_USAGE
+from smallstalk.ops.command import EXIT_OK, EXIT_USAGE
 
 AOF_HELP = """\
 usage: smallstalk aof {ls,dump,verify} DATA_DIR [OPTIONS]
