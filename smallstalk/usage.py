@@ -13,8 +13,9 @@ EXIT_USAGE = 2
 
 
 def line(prog: str, message: str, see: str | None = None) -> str:
-    """`PROG: MESSAGE (see `SEE -h`)`; `see` is PROG unless the help lives elsewhere."""
-    return f"{prog}: {message} (see `{see or prog} -h`)"
+    """`PROG: MESSAGE (see `PROG -h`)`; `see` names the help when it is elsewhere
+    (`smallstalk config -h` for `smallstalk config dump`, `smallstalk help`)."""
+    return f"{prog}: {message} (see `{see or prog + ' -h'}`)"
 
 
 class UsageError(Exception):
