@@ -3,9 +3,10 @@
 `serve(lp, cfg)` is one more task in the broker's nursery (cli.py starts it
 for `--http`): hypercorn's trio worker runs the ASGI app in the broker's own
 trio loop. Pages read the live state only through views.py (inside loop
-turns, paged); the replay tools run as child processes (replay_procs.py). Writes are
-protocol commands on a session of their own, like a client's, and pass the
-checks in `Guard` first (docs/CONSOLE.md, Security).
+turns, paged); the replay tools run as child processes (replay_procs.py).
+Writes are protocol commands on an in-process session of their own
+(server/local.py), like a client's, and pass the checks in `Guard` first
+(docs/CONSOLE.md, Security).
 """
 
 from __future__ import annotations
@@ -30,13 +31,16 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from smallstalk import __version__ as VERSION
+from smallstalk.client.replies import ReplyReader
 from smallstalk.config import ServeConfig
 from smallstalk.console import replay_procs, views
 from smallstalk.console.guard import Guard
 from smallstalk.console.metrics import Exporter
+from smallstalk.core import protocol as p
 from smallstalk.core.model import STATE_BY_NAME, STATE_NAMES
-from smallstalk.core.protocol import Parser, valid_tube_name
+from smallstalk.core.protocol import valid_tube_name
 from smallstalk.ops.text import fmt_size
+from smallstalk.server.local import LocalSession
 from smallstalk.server.loop import MutationLoop
 
 log = logging.getLogger("smallstalk.console")
@@ -99,7 +103,7 @@ class Console:
             return None
         try:
             reports = sorted(Path(self.data_dir, "reports").glob("*.html"),
-                             key=lambda p: p.stat().st_mtime)
+                             key=lambda f: f.stat().st_mtime)
         except OSError:
             return None
         return reports[-1] if reports else None
@@ -116,25 +120,21 @@ class Console:
 
     # --- writes: protocol commands on a session of their own ----------------------
 
-    async def command(self, lines: bytes) -> list[bytes]:
-        """Run protocol commands as a client would; their reply lines."""
-        lp = self.lp
-        send, recv = trio.open_memory_channel(math.inf)
-        session = lp.open_session(lambda blob, done, close: send.send_nowait((blob, done)))
-        parser = Parser(lp.max_job_size)
-        parser.feed(lines)
-        out = b""
+    async def command(self, commands: list[p.Command]) -> list[str]:
+        """Run protocol commands as a client would, on an in-process session of
+        their own; each reply's line."""
+        session = LocalSession(self.lp)
         try:
-            lp.submit(session, parser.events())
             with trio.fail_after(30):
-                while True:
-                    blob, done = await recv.receive()
-                    out += blob if isinstance(blob, bytes) else b""
-                    if done:
-                        break
+                data = await session.ask(commands)
         finally:
-            lp.close_session(session)
-        return [line for line in out.split(b"\r\n") if line]
+            session.close()
+        reader = ReplyReader()
+        reader.feed(data)
+        lines = []
+        while (reply := reader.next_reply()) is not None:
+            lines.append(b" ".join((reply.word, *reply.args)).decode("ascii", "replace"))
+        return lines
 
 
 def fmt_seconds(s: float | int | None) -> str:
@@ -271,15 +271,13 @@ def routes(c: Console) -> list:
                 status_code=403)
         what = request.path_params["what"]
         target = request.path_params["target"]
-        lines, path = _action_lines(what, target, form)
-        if lines is None:
+        commands, path = _action_commands(what, target, form)
+        if commands is None:
             return HTMLResponse("unknown action", status_code=404)
-        replies = await c.command(lines)
+        answer = " / ".join(await c.command(commands))
         log.info("console %s %s from %s: %s", what, target,
-                 request.client.host if request.client else "?",
-                 b" / ".join(replies).decode("ascii", "replace"))
-        return _redirect(path or back.split("?")[0],
-                         f"{what} {target}: " + b" / ".join(replies).decode("ascii", "replace"))
+                 request.client.host if request.client else "?", answer)
+        return _redirect(path or back.split("?")[0], f"{what} {target}: {answer}")
 
     async def login(request: Request) -> Response:
         if request.method == "POST":
@@ -300,21 +298,20 @@ def routes(c: Console) -> list:
     ]
 
 
-def _action_lines(what: str, target: str, form) -> tuple[bytes | None, str | None]:
+def _action_commands(what: str, target: str, form) -> tuple[list[p.Command] | None, str | None]:
     """The protocol commands a console action sends, and the page to go back to."""
     if what in ("kick", "pause", "flush"):
         if not valid_tube_name(target.encode()):
             return None, None
-        tube = target.encode()
         page = f"/tube/{quote(target)}"
         if what == "kick":
-            return b"use %s\r\nkick %d\r\n" % (tube, _int(form.get("count"), 1)), page
+            return [p.Use(target), p.Kick(min(_int(form.get("count"), 1), p.U32_MAX))], page
         if what == "pause":
-            return b"pause-tube %s %d\r\n" % (tube, _int(form.get("seconds"), 60)), page
-        return b"flush-tube %s\r\n" % tube, page
-    if what in ("kick-job", "delete-job") and target.isdigit():
-        verb = b"kick-job" if what == "kick-job" else b"delete"
-        return b"%s %d\r\n" % (verb, int(target)), f"/job/{target}"
+            return [p.PauseTube(target, min(_int(form.get("seconds"), 60), p.U32_MAX))], page
+        return [p.FlushTube(target)], page
+    if what in ("kick-job", "delete-job") and target.isdigit() and int(target) <= p.U64_MAX:
+        jid = int(target)
+        return [p.KickJob(jid) if what == "kick-job" else p.Delete(jid)], f"/job/{target}"
     return None, None
 
 
