@@ -22,7 +22,7 @@ import trio
 from smallstalk import __version__, listen
 from smallstalk.config import (
     ServeConfig,
-    UsageError,
+    memcache_address,
     parse_serve,
     server_changes,
     tls_address,
@@ -40,6 +40,7 @@ from smallstalk.storage import datadir
 from smallstalk.storage.aof import FSYNC_INTERVAL, CorruptionError, make_dirs
 from smallstalk.storage.bodies import BodyStore
 from smallstalk.storage.journal import Journal
+from smallstalk.usage import EXIT_USAGE, UsageError
 
 log = logging.getLogger("smallstalk")
 
@@ -75,7 +76,7 @@ TOOL_COMMANDS = {
     "analyze": "smallstalk.analytics:main",
     "worker": "smallstalk.worker:main",
     "config": "smallstalk.ops.config_dump:main",
-    "ha": "smallstalk.ops.ha:main",
+    "ha": "smallstalk.replication.hactl:main",
 }
 
 
@@ -130,9 +131,11 @@ def _whoami() -> str:
 
 async def serve(cfg: ServeConfig, sockets: list[socket.socket],
                 tls_sockets: list[socket.socket] | tuple = (),
-                contexts: tls.Contexts | None = None) -> None:
-    """Run the server on `sockets` (plaintext) and `tls_sockets` (TLS with
-    `contexts.server`), bound already: nothing is written before they are."""
+                contexts: tls.Contexts | None = None,
+                memcache_sockets: list[socket.socket] | tuple = ()) -> None:
+    """Run the server on `sockets` (plaintext), `tls_sockets` (TLS with
+    `contexts.server`) and `memcache_sockets` (kestrel's memcache protocol),
+    bound already: nothing is written before they are."""
     contexts = contexts or tls.Contexts()
     console = None
     if cfg.http is not None:  # the optional extra, imported before clients are served
@@ -182,20 +185,23 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
     lp = MutationLoop(state, journal, cfg.data_dir, max_job_size=cfg.max_job_size,
                       min_replica_acks=cfg.min_replica_acks,
                       replica_ack_timeout=cfg.replica_ack_timeout)
-    lp.policies = cfg.policies
-    lp.extended_stats = cfg.extended_stats
     token = read_token(cfg.admin_token_file) if cfg.admin_token_file else None
-    lp.admin = AdminPolicy(token, parse_allow(cfg.admin_allow))
-    lp.replication = Hooks()  # `replicate` and `promote` (server/ does not import replication/)
+    member = _ha_member(lp, cfg, contexts, token) if cfg.ha_etcd else None
+    lp.configure(policies=cfg.policies, config_path=cfg.config_path,
+                 admin=AdminPolicy(token, parse_allow(cfg.admin_allow)),
+                 extended_stats=cfg.extended_stats,
+                 # server/ does not import replication/
+                 replication=Hooks() if member is None else member.hooks(), ha=member)
     if journal is not None:
         lp.use_bodies(bodies)
-    lp.config_path = cfg.config_path
     if cfg.config_path is not None:
         log.info("configuration from %s (tube policies: default and %d named tubes)",
                  cfg.config_path, len(cfg.policies.tubes))
-    follower = member = None
-    if cfg.ha_etcd:
-        member = lp.ha = _ha_member(lp, cfg, contexts, token)
+    follower = None
+    if member is not None:
+        # It starts read-only, and follows or leads as the store's leader lock says.
+        lp.become_replica(None)
+        lp.fence("ha: waiting for the leader lock")
     elif cfg.replica_of:
         from smallstalk.client.security import TOKEN_ENV
         from smallstalk.replication.follower import Follower
@@ -204,8 +210,7 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
         # What it sends the primary first: its own admin token, or the client's variable.
         follower = Follower(lp, *cfg.replica_of, ssl_context=contexts.replica,
                             token=token or os.environ.get(TOKEN_ENV, "").strip() or None)
-        lp.role, lp.follower = "replica", follower
-        lp.read_only = "replica"
+        lp.become_replica(follower)
     elif journal is not None:
         if not state.epochs:  # a fresh log gets its own history id
             lp.log(r.NewEpoch, 1, new_history())
@@ -220,8 +225,15 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
             # Signals first: a SIGUSR1 or SIGTERM right after the server says it
             # serves must be handled, not kill the process.
             await nursery.start(_signals, nursery.cancel_scope, lp, cfg)
+            if memcache_sockets:
+                from smallstalk.server import memcache
+
+                listeners += memcache.listeners(
+                    [trio.socket.from_stdlib_socket(s) for s in memcache_sockets],
+                    lambda: _shutdown(nursery.cancel_scope))
             where = ", ".join([listen.describe(s) for s in sockets] +
-                              [f"{listen.describe(s)} (TLS)" for s in tls_sockets])
+                              [f"{listen.describe(s)} (TLS)" for s in tls_sockets] +
+                              [f"{listen.describe(s)} (memcache)" for s in memcache_sockets])
             log.info("smallstalk %s listening on %s (fsync %s%s)", __version__, where,
                      cfg.fsync if journal else "n/a, in memory",
                      f", replica of {cfg.replica_of[0]}:{cfg.replica_of[1]}"
@@ -252,19 +264,14 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
 
 
 def _ha_member(lp: MutationLoop, cfg: ServeConfig, contexts: tls.Contexts, token: str | None):
-    """The HA member (replication/ha.py): the server starts read-only and follows
-    or leads as the store's leader lock says."""
+    """The HA member (replication/ha.py) of this server."""
     try:
-        from smallstalk.replication.feed import HAHooks
         from smallstalk.replication.ha import HAConfig, HAMember
     except ImportError as e:
         raise StartError(f"--ha-etcd needs {e.name}, which is not installed: install "
                          "smallstalk[ha] (pip install 'smallstalk[ha]')") from None
     from smallstalk.client.security import TOKEN_ENV
 
-    lp.replication = HAHooks()
-    lp.set_role("replica", None)
-    lp.fence("ha: waiting for the leader lock")
     http = f"{cfg.http[0]}:{cfg.http[1]}" if cfg.http else ""
     hc = HAConfig(list(cfg.ha_etcd), cfg.ha_cluster, cfg.ha_name, cfg.ha_advertise, http,
                   cfg.ha_ttl, cfg.ha_max_lag)
@@ -281,15 +288,20 @@ async def _signals(scope: trio.CancelScope, lp: MutationLoop, cfg: ServeConfig |
         async with trio.open_nursery() as reloads:
             async for sig in sigs:
                 if sig == signal.SIGUSR1:
-                    lp.draining = True
+                    lp.start_draining()
                     log.info("drain mode: new jobs are refused")
                 elif sig == signal.SIGHUP:
                     reloads.start_soon(_reload, lp, cfg)
                 else:
                     log.info("shutting down")
-                    listen.notify("STOPPING=1")
-                    scope.cancel()
+                    _shutdown(scope)
                     return
+
+
+def _shutdown(scope: trio.CancelScope) -> None:
+    """SIGTERM, SIGINT, or the memcache port's SHUTDOWN: stop serving."""
+    listen.notify("STOPPING=1")
+    scope.cancel()
 
 
 async def _reload(lp: MutationLoop, cfg: ServeConfig | None) -> None:
@@ -370,6 +382,7 @@ def promote_command(argv: list[str]) -> int:
     if not host or not port.isdigit() or int(port) > 65535:
         raise UsageError(f"promote: not HOST:PORT: {args[0]}")
     # Imported here: the client package is not on the server's start-up path.
+    from smallstalk.client import BeanstalkError, Client, CommandError
     from smallstalk.client.security import token_for_tool
 
     try:
@@ -377,29 +390,23 @@ def promote_command(argv: list[str]) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     ctx = _promote_tls(opts)
-    hello = b"" if token is None else p.render(p.Auth(token))
+    client = Client(args[0], connect_timeout=30, read_timeout=30, ssl_context=ctx, token=token)
     try:
-        with socket.create_connection((host, int(port)), timeout=30) as tcp, (
-                ctx.wrap_socket(tcp, server_hostname=host) if ctx else tcp) as sock:
-            sock.sendall(hello + p.render(p.PROMOTE))
-            reply = b""
-            while reply.count(b"\r\n") < (2 if token is not None else 1):
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                reply += chunk
-    except OSError as e:
-        print(f"smallstalk promote: {args[0]}: {e.strerror or e}", file=sys.stderr)
+        print(f"{p.PROMOTED_WORD.decode()} {client.promote()}")
+        return 0
+    except CommandError as e:
+        if token is not None and e.reply == p.UNAUTHORIZED_WORD:
+            # With a token the command itself is never refused: `auth` was.
+            print(f"smallstalk promote: {args[0]} refused the admin token: {e.reply_line()}",
+                  file=sys.stderr)
+        else:
+            print(e.reply_line())  # the replica's answer: NOT_A_REPLICA, UNAUTHORIZED ...
         return 1
-    if token is not None:
-        first, _, reply = reply.partition(b"\r\n")
-        if first + b"\r\n" != p.OK:
-            print(f"smallstalk promote: {args[0]} refused the admin token: "
-                  f"{first.decode(errors='replace')}", file=sys.stderr)
-            return 1
-    text = reply.decode(errors="replace").strip()
-    print(text)
-    return 0 if reply.strip().startswith(p.PROMOTED_WORD) else 1
+    except BeanstalkError as e:
+        print(f"smallstalk promote: {e}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
 
 
 def _early_socket_fits(argv: list[str], cfg: ServeConfig) -> bool:
@@ -471,11 +478,13 @@ def serve_command(argv: list[str], early: list[socket.socket] | None = None) -> 
         sockets = _listen_sockets(argv, cfg, early)
         tls_sockets = [] if cfg.tls_port is None else \
             listen.bind(tls_address(cfg), cfg.tls_port, ("--tls-listen", "--tls-port"))
+        memcache_sockets = [] if cfg.memcache_port is None else \
+            listen.bind(memcache_address(cfg), cfg.memcache_port, ("-l", "--memcache-port"))
         if cfg.user:
             _drop_privileges(cfg.user)
         if cfg.data_dir is not None:
             _check_data_dir(cfg.data_dir)
-        trio.run(serve, cfg, sockets, tls_sockets, contexts)
+        trio.run(serve, cfg, sockets, tls_sockets, contexts, memcache_sockets)
     except KeyboardInterrupt:
         pass
     except BaseException as e:  # noqa: B036 -- only known mistakes are caught, bugs re-raised
@@ -553,6 +562,6 @@ def main(argv: list[str] | None = None, listen_sockets: list[socket.socket] | No
         raise UsageError(f"unknown command: {command}")
     except UsageError as e:
         known = command == "serve" or command == "promote" or command in TOOL_COMMANDS
-        print(f"smallstalk: {e} (see `smallstalk {command + ' -h' if known else 'help'}`)",
+        print(e.line("smallstalk", f"smallstalk {command} -h" if known else "smallstalk help"),
               file=sys.stderr)
-        return 5 if command == "serve" else 2
+        return 5 if command == "serve" else EXIT_USAGE

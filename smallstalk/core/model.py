@@ -7,7 +7,11 @@ from __future__ import annotations
 from collections import deque
 
 READY, DELAYED, RESERVED, BURIED = range(4)
-NS = 1_000_000_000
+# The states by name, in that order (`STATE_NAMES[job.state]`), and back: the one
+# table of them (stats-job, list-jobs, the console, the tools, analytics).
+STATE_NAMES = ("ready", "delayed", "reserved", "buried")
+STATE_BY_NAME = {name: i for i, name in enumerate(STATE_NAMES)}
+NS = 1_000_000_000  # nanoseconds per second: record times are ns since the epoch
 SAFETY_MARGIN = NS  # the last second of a TTR (DEADLINE_SOON)
 DEFAULT_TUBE = "default"
 URGENT_THRESHOLD = 1024  # a ready job with a lower priority counts as urgent
@@ -43,7 +47,7 @@ def _counter(i: int) -> property:
 
 
 class Job:
-    """One job. Kept small: a server may hold millions (see the RSS row in the README).
+    """One job. Kept small: a server may hold millions (docs/PERFORMANCE.md, Memory).
 
     The five statistics, the delay and the reserver live in one tuple
     (`counts`), shared by every job whose values there are all zero (a new
@@ -82,7 +86,7 @@ def counts_for(delay: int) -> tuple:
 
 # Where a million jobs are made (State.apply_put, storage/snapshot_codec.load),
 # Job.__init__ is inlined: object.__new__ and the attribute stores, no __init__ call.
-# tests/test_put_fastpath.py checks that those places set every slot.
+# tests/unit/test_put_fastpath.py checks that those places set every slot.
 new_bare_job = object.__new__
 
 

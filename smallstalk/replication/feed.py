@@ -211,9 +211,8 @@ def promote(lp: MutationLoop, epoch: int | None = None, lease_until: float = mat
     """
     if lp.follower is not None:
         lp.follower.stop()
-    lp.set_role("primary", None)
+    lp.become_primary()
     lp.hold_lease(lease_until)
-    lp.unfence()
     epoch = lp.state.epoch[0] + 1 if epoch is None else epoch
     # The new history starts right after the last record we share with the old
     # primary: a returning old primary's next record is where it left us
@@ -229,8 +228,8 @@ def demote(lp: MutationLoop, reason: str, follower=None) -> None:
     """Stop taking changes (inside the loop): HA stepped down, or follows `follower` now."""
     if lp.follower is not None and lp.follower is not follower:
         lp.follower.stop()
+    lp.become_replica(follower)
     lp.fence(reason)
-    lp.set_role("replica", follower)
 
 
 class Hooks:

@@ -200,22 +200,13 @@ async def receive_snapshot(reader: FrameReader, path: Path, snap_seq: int) -> li
 
 def install_empty(lp) -> None:
     """Drop our state, snapshots and segments: the primary's log from seq 1 follows."""
-    from smallstalk.core import records
-
     snap_dir = datadir.snap_dir(lp.data_dir)
     if snap_dir.exists():
         for _seq, old in datadir.list_snapshots(snap_dir):
             old.unlink(missing_ok=True)
         aof.fsync_dir(snap_dir)
     lp.journal.reset(1)
-    old_store = lp.bodies
-    store = old_store.fresh() if old_store is not None else None
-    lp.state = State()
-    if store is not None:
-        lp.use_bodies(store)
-        old_store.close()
-    for sid in lp.sessions:
-        lp.volatile(records.Connect, sid)
+    lp.replace_state(State(), lp.bodies.fresh() if lp.bodies is not None else None)
 
 
 def install_snapshot(lp, path: Path, snap_seq: int) -> None:
@@ -224,8 +215,6 @@ def install_snapshot(lp, path: Path, snap_seq: int) -> None:
     The file is checked by loading it (bodies past the budget stay in it);
     only then does it become our snapshot and our segments go.
     """
-    from smallstalk.core import records
-
     store = lp.bodies.fresh() if lp.bodies is not None else None
     try:
         state = snapshot.load(path, store)
@@ -250,10 +239,4 @@ def install_snapshot(lp, path: Path, snap_seq: int) -> None:
             old.unlink(missing_ok=True)
     aof.fsync_dir(snap_dir)  # a newer snapshot of ours must not come back over this one
     lp.journal.reset(snap_seq + 1)
-    old_store = lp.bodies
-    lp.state = state
-    if store is not None:
-        lp.use_bodies(store)
-        old_store.close()  # the references of the state we replaced
-    for sid in lp.sessions:
-        lp.volatile(records.Connect, sid)
+    lp.replace_state(state, store)

@@ -41,7 +41,7 @@ import trio
 from smallstalk.core import records
 from smallstalk.replication import cluster as cl
 from smallstalk.replication import etcd
-from smallstalk.replication.feed import demote, promote
+from smallstalk.replication.feed import HAHooks, demote, promote
 from smallstalk.replication.follower import Follower
 from smallstalk.storage import aof
 from smallstalk.storage.history import HistoryFolded, iter_records
@@ -102,6 +102,10 @@ class HAMember:
         self._until = -math.inf  # trio time until which our lease is surely ours
         self._nursery: trio.Nursery | None = None
         self._wake = trio.Event()
+
+    def hooks(self) -> HAHooks:
+        """The loop's way into replication under HA (`promote` is refused)."""
+        return HAHooks()
 
     # --- facts ----------------------------------------------------------------------
 
