@@ -130,7 +130,6 @@ class GroupCommit:
         self.turn_payloads: list[tuple[int, bytes]] = []
         self.turn_seq0 = owner.state.last_seq  # the last seq before this turn
         self.turn_puts: list = []  # (record, file, body offset) staged this turn, for spilling
-        self.fenced_replies = 0  # changes answered INTERNAL_ERROR past the HA lease
         self.touched: dict[int, Session] = {}  # sessions with replies this turn
         # ...of which these were granted a job: their replies go out first (a
         # waiting worker gets its job before the producer hears INSERTED, as
@@ -475,7 +474,6 @@ class GroupCommit:
             if any(d.mut):
                 d = d.answered_instead([p.INTERNAL_ERROR if m else reply
                                         for reply, m in zip(d.out, d.mut, strict=True)])
-                self.fenced_replies += sum(d.mut)
             out.append(d)
         return out
 
