@@ -82,8 +82,8 @@ LINE_MAX = 224  # bytes, including CRLF (beanstalkd's LINE_BUF_SIZE)
 # `put-unique <key> <pri> <delay> <ttr> <bytes>`: a 200-byte key and four
 # 10-digit numbers do not fit beanstalkd's line, so this command of our own
 # has a longer one (no beanstalkd command starts with its name).
-PUT_UNIQUE = b"put-unique "
-PUT_UNIQUE_LINE_MAX = len(PUT_UNIQUE) + 200 + 4 * 11 + 2
+_PUT_UNIQUE = b"put-unique "
+_PUT_UNIQUE_LINE_MAX = len(_PUT_UNIQUE) + 200 + 4 * 11 + 2
 TUBE_NAME_MAX = 200
 DEFAULT_MAX_JOB_SIZE = 65535
 MAX_JOB_SIZE_LIMIT = 1073741824  # beanstalkd's JOB_DATA_SIZE_LIMIT_MAX
@@ -276,7 +276,7 @@ def _p_put_expiring(line: bytes, max_job_size: int) -> _PutHeader:
 
 def _p_put_unique(line: bytes, max_job_size: int) -> _PutHeader:
     """`put-unique <key> <pri> <delay> <ttr> <bytes>`: a put with an idempotency key."""
-    key, space, rest = line[len(PUT_UNIQUE):].partition(b" ")
+    key, space, rest = line[len(_PUT_UNIQUE):].partition(b" ")
     if not space or not valid_key(key):
         raise _Bad
     pri, pos = _read_uint(rest, 0, U32_MAX, False)
@@ -394,7 +394,7 @@ def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHea
             return QUIT
         if line.startswith(b"put-expiring "):
             return _p_put_expiring(line, max_job_size)
-        if line.startswith(PUT_UNIQUE):
+        if line.startswith(_PUT_UNIQUE):
             return _p_put_unique(line, max_job_size)
         if line.startswith(b"pause-tube"):
             return _p_pause_tube(line[len(b"pause-tube"):])
@@ -492,8 +492,8 @@ class Parser:
                         last = self._last = (bytes(buf[pos:stop]), pri, delay, ttr, size)
                         pos = stop + size + 2
                         continue
-                if buf.startswith(PUT_UNIQUE, pos):
-                    lim = PUT_UNIQUE_LINE_MAX
+                if buf.startswith(_PUT_UNIQUE, pos):
+                    lim = _PUT_UNIQUE_LINE_MAX
             if mode == _LINE or mode == _DISCARD:
                 # Where the line at `pos` ends, as beanstalkd finds it: it reads
                 # a line into a 224-byte buffer and looks only at the first CR in

@@ -14,7 +14,6 @@ from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.server.policy import Policies, TubePolicy
 from smallstalk.storage import snapshot_codec
-from smallstalk.storage.recovery import recover
 
 from ..support.harness import Client, make_loop
 from .test_bigtubes import assert_replays, stat
