@@ -49,13 +49,17 @@ class TubeKeys:
 class KeyIndex:
     """Every tube's keys, and the key of each keyed job that exists."""
 
-    __slots__ = ("tubes", "of_job")
+    __slots__ = ("tubes", "of_job", "put_seqs")
 
     def __init__(self) -> None:
         # Kept apart from the tubes: a tube is dropped when it holds no job,
         # but the keys of its deleted jobs must outlive it.
         self.tubes: dict[str, TubeKeys] = {}
         self.of_job: dict[int, tuple[str, str]] = {}  # job id -> (tube, key)
+        # job id -> seq of the keyed put that made it, for the jobs put since this
+        # state was loaded (not in snapshots): under --min-replica-acks a repeat is
+        # answered only once a replica has that record (dispatch.put_unique).
+        self.put_seqs: dict[int, int] = {}
 
     def find(self, tube: str, key: str, now: int) -> int | None:
         """The id of the job `key` made in `tube`, if a put with it now changes nothing."""
@@ -74,7 +78,12 @@ class KeyIndex:
         """(tube, key) of a job that was put with a key and still exists."""
         return self.of_job.get(jid)
 
-    def add(self, tube: str, key: str, jid: int, window: int, keys_max: int, now: int) -> None:
+    def put_seq(self, jid: int) -> int:
+        """The seq of the put that made keyed job `jid` (0: loaded from a snapshot)."""
+        return self.put_seqs.get(jid, 0)
+
+    def add(self, tube: str, key: str, jid: int, window: int, keys_max: int, now: int,
+            seq: int = 0) -> None:
         """A keyed put made job `jid` at `now`; raises StateError if the key is taken."""
         if self.find(tube, key, now) is not None:
             raise StateError(f"key {key!r} of tube {tube!r} is taken: the put was a duplicate")
@@ -88,6 +97,8 @@ class KeyIndex:
         k.keys_max = keys_max
         k.live[key] = jid
         self.of_job[jid] = (tube, key)
+        if seq:
+            self.put_seqs[jid] = seq
         k.prune(now)
 
     def release(self, jid: int, now: int) -> None:
@@ -95,6 +106,7 @@ class KeyIndex:
         held = self.of_job.pop(jid, None)
         if held is None:
             return
+        self.put_seqs.pop(jid, None)
         tube, key = held
         k = self.tubes[tube]
         del k.live[key]
@@ -132,3 +144,4 @@ class KeyIndex:
                 assert key not in k.gone, (tube, key)
             live += len(k.live)
         assert live == len(self.of_job)
+        assert self.put_seqs.keys() <= self.of_job.keys()

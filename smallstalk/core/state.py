@@ -196,7 +196,8 @@ class State(Moves, Queries):
             raise StateError(f"key {rec.key!r} of tube {rec.tube!r} is taken: "
                              "the put was a duplicate")
         self._put_jobs(rec)
-        keys.add(rec.tube, rec.key, rec.jobs[0][0], rec.unique_for * NS, rec.keys_max, rec.time)
+        keys.add(rec.tube, rec.key, rec.jobs[0][0], rec.unique_for * NS, rec.keys_max, rec.time,
+                 rec.seq)
 
     def _expire(self, rec: r.Expire) -> None:
         for jid, to, expires in rec.moves:

@@ -72,6 +72,10 @@ def _put_with_policy(lp: MutationLoop, s: Session, cmd: p.Put | p.PutUnique, tub
     if key:
         held = st.keys.find(tube, key, lp.now)
         if held is not None:
+            if lp.commit.min_replica_acks and st.keys.put_seq(held) > lp.commit.acked_seq():
+                # Its put is not on a replica yet: a failover now would lose the
+                # job, so the repeat is not confirmed either (the client retries).
+                return p.NOT_REPLICATED
             lp.count_tube(tube, "puts-deduplicated")
             return p.duplicate(held) if type(cmd) is p.PutUnique else p.inserted(held)
     size = len(cmd.body)
