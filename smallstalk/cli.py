@@ -199,8 +199,7 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
         # What it sends the primary first: its own admin token, or the client's variable.
         follower = Follower(lp, *cfg.replica_of, ssl_context=contexts.replica,
                             token=token or os.environ.get(TOKEN_ENV, "").strip() or None)
-        lp.role, lp.follower = "replica", follower
-        lp.read_only = "replica"
+        lp.become_replica(follower)
     elif journal is not None:
         if not state.epochs:  # a fresh log gets its own history id
             lp.log(r.NewEpoch, 1, new_history())

@@ -1,9 +1,10 @@
 """Server configuration: beanstalkd's flags and smallstalk's own, parsed.
 
-Kept free of trio and the server modules so that `smallstalk serve` can parse
-its flags and open its listening socket within a few milliseconds of
-starting (see launch.py): client test set-ups that start a server and connect
-after 0.1 s must not find the port closed.
+Kept free of trio and of the running server (of server/ it uses only the
+parsers in server/admin.py and server/policy.py, which import neither) so
+that `smallstalk serve` can parse its flags and open its listening socket
+within a few milliseconds of starting (see launch.py): client test set-ups
+that start a server and connect after 0.1 s must not find the port closed.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ Where there is no epoll, or the stream has no fd of its own (TLS), a
 connection has two tasks instead: one reads, one sends (`serve_connection`).
 
 So a command costs a read, a parse and a share of one poller wake-up and one
-loop turn: no task switch of its own (docs/ARCHITECTURE.md, "The life of a
-command", says what a reader task per connection cost).
+loop turn: no task switch of its own (docs/PERFORMANCE.md, "Measured choices
+the code refers to", says what a reader task per connection cost).
 
 Backpressure: reading stops while more than MAX_QUEUED_BYTES of its commands
 wait in the loop (each counted as its bytes plus COMMAND_COST: a read of
