@@ -84,9 +84,8 @@ class KeyIndex:
 
     def add(self, tube: str, key: str, jid: int, window: int, keys_max: int, now: int,
             seq: int = 0) -> None:
-        """A keyed put made job `jid` at `now`; raises StateError if the key is taken."""
-        if self.find(tube, key, now) is not None:
-            raise StateError(f"key {key!r} of tube {tube!r} is taken: the put was a duplicate")
+        """A keyed put made job `jid` at `now` (the caller checked with `find` that
+        the key is free); raises StateError if the job has a key already."""
         if jid in self.of_job:
             raise StateError(f"job {jid} already has a key")
         k = self.tubes.get(tube)

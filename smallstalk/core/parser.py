@@ -84,6 +84,10 @@ LINE_MAX = 224  # bytes, including CRLF (beanstalkd's LINE_BUF_SIZE)
 # has a longer one (no beanstalkd command starts with its name).
 _PUT_UNIQUE = b"put-unique "
 _PUT_UNIQUE_LINE_MAX = len(_PUT_UNIQUE) + 200 + 4 * 11 + 2
+# The everyday put-unique, whole line, as `_PUT_LINE` is the everyday put's.
+_PUT_UNIQUE_LINE = re.compile(
+    rb"put-unique ([-A-Za-z0-9+/;.$_()]{1,200}) ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1,10}) "
+    rb"([0-9]{1,10})\r\n")
 TUBE_NAME_MAX = 200
 DEFAULT_MAX_JOB_SIZE = 65535
 MAX_JOB_SIZE_LIMIT = 1073741824  # beanstalkd's JOB_DATA_SIZE_LIMIT_MAX
@@ -493,6 +497,18 @@ class Parser:
                         pos = stop + size + 2
                         continue
                 if buf.startswith(_PUT_UNIQUE, pos):
+                    m = _PUT_UNIQUE_LINE.match(buf, pos)
+                    if m is not None:
+                        stop = m.end()
+                        key, pri, delay, ttr, size = m.groups()
+                        pri, delay, ttr, size = int(pri), int(delay), int(ttr), int(size)
+                        if (size <= max_size and pri <= U32_MAX and delay <= U32_MAX
+                                and ttr <= U32_MAX and n - stop >= size + 2
+                                and buf[stop + size:stop + size + 2] == b"\r\n"):
+                            out.append(PutUnique(key.decode("ascii"), pri, delay, ttr or 1,
+                                                 bytes(buf[stop:stop + size])))
+                            pos = stop + size + 2
+                            continue
                     lim = _PUT_UNIQUE_LINE_MAX
             if mode == _LINE or mode == _DISCARD:
                 # Where the line at `pos` ends, as beanstalkd finds it: it reads

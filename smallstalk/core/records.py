@@ -261,6 +261,13 @@ class FlushTube:
     ids: tuple[int, ...] = attrs.field(converter=tuple)
 
 
+def _job_pairs(xs) -> tuple[tuple[int, str], ...]:
+    """PutUnique's `jobs` as tuples; the one pair the server makes passes as it is."""
+    if type(xs) is tuple and len(xs) == 1 and type(xs[0]) is tuple:
+        return xs
+    return tuple((int(i), str(t)) for i, t in xs)
+
+
 @attrs.frozen(slots=True)
 class PutUnique:
     """A put with an idempotency key (format 5): PutJobs's fields, and the key.
@@ -279,8 +286,7 @@ class PutUnique:
     key: str
     unique_for: int  # seconds
     keys_max: int
-    jobs: tuple[tuple[int, str], ...] = attrs.field(
-        converter=lambda xs: tuple((int(i), str(t)) for i, t in xs))
+    jobs: tuple[tuple[int, str], ...] = attrs.field(converter=_job_pairs)
     pri: int
     delay: int
     ttr: int

@@ -195,7 +195,14 @@ class State(Moves, Queries):
         if keys.find(rec.tube, rec.key, rec.time) is not None:
             raise StateError(f"key {rec.key!r} of tube {rec.tube!r} is taken: "
                              "the put was a duplicate")
-        self._put_jobs(rec)
+        if len(rec.jobs) == 1 and not rec.dropped and not rec.expires:
+            # One job, as a Put makes it: apply_put's inlined path (seq 0: `apply`
+            # has done the seq and time already).
+            jid, tube = rec.jobs[0]
+            self.apply_put(0, rec.time, rec.conn, jid, tube, rec.pri, rec.delay, rec.ttr,
+                           rec.body)
+        else:
+            self._put_jobs(rec)
         keys.add(rec.tube, rec.key, rec.jobs[0][0], rec.unique_for * NS, rec.keys_max, rec.time,
                  rec.seq)
 

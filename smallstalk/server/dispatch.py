@@ -143,9 +143,19 @@ def put_unique(lp: Loop, s: Session, cmd: p.PutUnique):
     if lp.draining:
         lp.burn_job_id()
         return p.DRAINING
-    tube = lp.state.use_of(s.id)
-    return _put_with_policy(lp, s, cmd, tube, lp.policies.of(tube),
-                            lp.state.fanout.get(tube) or [])
+    st = lp.state
+    tube = st.use_of(s.id)
+    pol = lp.policies.of(tube)
+    children = st.fanout.get(tube)
+    if pol.unlimited and not children:
+        # The common case, without _put_with_policy's decisions: one job, no drops.
+        held = st.keys.find(tube, cmd.key, lp.now)
+        if held is None:
+            job_id = lp.take_job_id()
+            lp.log(r.PutUnique, s.id, tube, cmd.key, pol.unique_for, pol.unique_keys_max,
+                   ((job_id, tube),), cmd.pri, cmd.delay, cmd.ttr, 0, (), cmd.body)
+            return p.inserted(job_id)
+    return _put_with_policy(lp, s, cmd, tube, pol, children or [])
 
 
 def body_key(body: bytes) -> str:

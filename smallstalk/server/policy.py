@@ -44,11 +44,14 @@ class TubePolicy:
     unique_keys_max: int = 100_000  # keys of gone jobs a tube retains at most
     # No limit, expiry or fanout-only: a put needs no decision (the hot path).
     plain: bool = attrs.field(init=False, eq=False, repr=False)
+    # No limit, expiry or fanout-only, whatever `unique`: a put-unique's hot path.
+    unlimited: bool = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "plain", not (
+        object.__setattr__(self, "unlimited", not (
             self.max_jobs or self.max_bytes or self.max_job_size or self.max_age
-            or self.fanout_only or self.unique))
+            or self.fanout_only))
+        object.__setattr__(self, "plain", self.unlimited and not self.unique)
 
     def as_toml_dict(self) -> dict[str, Any]:
         return {key: getattr(self, attr) for key, (attr, _kind) in TUBE_KEYS.items()}
