@@ -109,7 +109,7 @@ def details(rec: records.Record) -> str:
     if t is r.PutUnique:
         return (f"key {rec.key} in {rec.tube} (kept {rec.unique_for}s after, at most "
                 f"{rec.keys_max})  " + details(r.PutJobs(*records.to_list(rec)[1:4],
-                                                          *records.to_list(rec)[7:])))
+                                                          *records.to_list(rec)[8:])))
     if t is r.PutJobs:
         jobs = ", ".join(f"{i} {tube}" for i, tube in rec.jobs) or "none"
         dropped = f"  dropped {','.join(map(str, rec.dropped))}" if rec.dropped else ""

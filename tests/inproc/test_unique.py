@@ -151,3 +151,23 @@ async def test_keys_follow_expiry_moves_and_flushes(lp, tmp_path, autojump_clock
     assert await c.ask(b"put-unique m 0 0 60 1\r\nx\r\n") == b"INSERTED 2\r\n"
     assert_replays(lp, tmp_path)
     assert_snapshot_round_trip(lp)
+
+
+def test_the_tools_show_the_key(tmp_path) -> None:
+    """`aof dump` and `job-history` on the format-5 fixture name each put's key."""
+    import io
+    import shutil
+    from pathlib import Path
+
+    from smallstalk.ops import aof, job_history
+
+    data = tmp_path / "data"
+    shutil.copytree(Path(__file__).parents[2] / "snapshots" / "v5" / "log-only", data)
+    out = io.StringIO()
+    assert aof.main(["dump", str(data), "--op", "put-unique"], stdout=out) == 0
+    lines = out.getvalue().splitlines()
+    assert any("key order-41 in keyed (kept 3600s after, at most 5)" in x for x in lines)
+    assert any('jobs 27 keyed' in x and "key order-42" in x for x in lines)
+    out = io.StringIO()
+    assert job_history.main([str(data), "27", "--format", "jsonl"], stdout=out) == 0
+    assert '"key":"order-42"' in out.getvalue()
