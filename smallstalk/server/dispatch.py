@@ -519,3 +519,12 @@ def _admin_only(handler):
 
 for _cmd in ADMIN:
     HANDLERS[_cmd] = _admin_only(HANDLERS[_cmd])
+
+
+def register(handlers: dict) -> None:
+    """Handlers of another protocol's commands (server/memcache_dispatch.py), by
+    command class; each checks its own admin rights and read-only state."""
+    clash = set(handlers) & set(HANDLERS)
+    if clash:
+        raise ValueError(f"commands handled already: {sorted(c.__name__ for c in clash)}")
+    HANDLERS.update(handlers)

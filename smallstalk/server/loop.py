@@ -141,14 +141,15 @@ class MutationLoop:
     # --- the connection side (called from connection tasks) ----------------------
 
     def open_session(self, deliver: Callable, peer: str | None = None,
-                     transport: str = "local") -> Session:
+                     transport: str = "local", dialect=None) -> Session:
         """A new connection's session; `peer` and `transport` decide whether it
-        may run admin commands without `auth` (server/admin.py)."""
+        may run admin commands without `auth` (server/admin.py); `dialect`:
+        another protocol's (Session.dialect)."""
         sid = self._next_conn
         if self.role == "replica" and sid < REPLICA_SESSIONS:
             sid = REPLICA_SESSIONS
         self._next_conn = sid + 1
-        s = Session(sid, deliver, self._resume_cb, peer, transport)
+        s = Session(sid, deliver, self._resume_cb, peer, transport, dialect)
         s.admin = self.admin.trusts(peer, transport)
         self._post(("open", s))
         return s
@@ -204,6 +205,23 @@ class MutationLoop:
             return str(e)
         log.info("tube policies reloaded from %s", self.config_path)
         return None
+
+    def configure(self, *, policies: Policies, config_path: Path | None, admin: AdminPolicy,
+                  extended_stats: bool, replication: Replication | None) -> None:
+        """The settings cli.py starts the loop with (before its first turn)."""
+        self.policies = policies
+        self.config_path = config_path
+        self.admin = admin
+        self.extended_stats = extended_stats
+        self.replication = replication
+
+    def start_draining(self) -> None:
+        """From now on refuse new jobs (SIGUSR1, as beanstalkd)."""
+        self.draining = True
+
+    def count_refused(self) -> None:
+        """A connection was turned away past --max-connections."""
+        self.refused += 1
 
     # --- role and state, as replication and the commit change them ----------------
 
@@ -589,6 +607,8 @@ class MutationLoop:
         """End the wait of `s`'s reserve with `reply` (TIMED_OUT, DEADLINE_SOON)."""
         self.commit.note_seen(s)
         self.volatile(r.WaitStop, s.id)
+        if s.dialect is not None:
+            reply = s.dialect.wait_ended(reply)
         self._answer(s, reply)
 
     def answer_later(self, s: Session, reply: bytes, seconds: float) -> None:
@@ -637,14 +657,19 @@ class MutationLoop:
                 self.volatile(r.WaitStop, cid)
                 continue
             must0 = c.begin_command()
-            self.log(r.Reserve, cid, job.id)
+            if s.dialect is not None:
+                # Another protocol's wait: it takes the job its own way (its
+                # records end the wait) and answers in its own words.
+                reply = s.dialect.granted(self, s, job)
+            else:
+                self.log(r.Reserve, cid, job.id)
+                try:
+                    reply = p.reserved(job.id, self.body_of(job))
+                except BodyError as e:
+                    log.error("answering INTERNAL_ERROR: %s", e)
+                    reply = p.INTERNAL_ERROR
             if c.track_needs:
                 c.note_need(s, must0)
-            try:
-                reply = p.reserved(job.id, self.body_of(job))
-            except BodyError as e:
-                log.error("answering INTERNAL_ERROR: %s", e)
-                reply = p.INTERNAL_ERROR
             c.granted_first(s)
             self._answer(s, reply, logged=True)
 

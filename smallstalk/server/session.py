@@ -25,11 +25,11 @@ class Session:
     __slots__ = (
         "id", "pending", "out", "out_mut", "blocked", "halfclosed", "closing", "producer",
         "worker", "deliver", "wait_deadline", "feed", "view_use", "inflight", "pending_bytes",
-        "need", "owed", "held", "resume", "peer", "transport", "admin", "deferred",
+        "need", "owed", "held", "resume", "peer", "transport", "admin", "deferred", "dialect",
     )
 
     def __init__(self, sid: int, deliver: Callable, resume: Callable,
-                 peer: str | None = None, transport: str = "local"):
+                 peer: str | None = None, transport: str = "local", dialect=None):
         self.id = sid
         # Commands not run yet: a deque once any arrive (an empty deque costs
         # ~600 bytes, times every idle connection).
@@ -70,6 +70,10 @@ class Session:
         self.transport = transport
         self.admin = False
         self.deferred = False
+        # Another protocol's session (server/memcache_dispatch.py's McSession),
+        # None for beanstalkd's: a wait it started ends in its own words
+        # (`granted`, `wait_ended`; see MutationLoop.grant_waiters, answer_wait).
+        self.dialect = dialect
 
 
 def sent(s: Session, n: int) -> None:
