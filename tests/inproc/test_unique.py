@@ -16,7 +16,7 @@ from smallstalk.server.policy import Policies, TubePolicy
 from smallstalk.storage import snapshot_codec
 
 from ..support.harness import Client, make_loop
-from .test_bigtubes import assert_replays, stat
+from .test_tube_policies import assert_replays, stat
 
 
 @pytest.fixture
