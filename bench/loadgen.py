@@ -10,6 +10,7 @@ operations (`max_ops`); a worker that does not report in time is killed.
 Workloads (one "op" is what the rate counts):
 
   put       request/response: put, wait INSERTED                     op = put
+  put-unique  as put, but smallstalk's `put-unique` with a new key each  op = put
   rd        request/response: reserve-with-timeout 0, delete <id>    op = job consumed
   cycle     request/response: put, reserve-with-timeout 0, delete    op = job cycled
   put-pipe  `depth` puts in one send, wait for all replies           op = put
@@ -31,7 +32,8 @@ import socket
 import time
 from array import array
 
-WORKLOADS = ("put", "rd", "cycle", "put-pipe", "rd-pipe", "load")
+WORKLOADS = ("put", "rd", "cycle", "put-pipe", "rd-pipe", "load", "put-unique")
+SMALLSTALK_ONLY = ("put-unique",)  # beanstalkd answers these UNKNOWN_COMMAND
 PIPELINED = ("put-pipe", "rd-pipe", "load")
 
 RESERVE = b"reserve-with-timeout 0\r\n"
@@ -41,9 +43,14 @@ def put_command(body_size: int = 100, pri: int = 1024, ttr: int = 60) -> bytes:
     return b"put %d 0 %d %d\r\n" % (pri, ttr, body_size) + b"x" * body_size + b"\r\n"
 
 
+def put_unique_command(key: bytes, body_size: int = 100, pri: int = 1024, ttr: int = 60) -> bytes:
+    return (b"put-unique %s %d 0 %d %d\r\n" % (key, pri, ttr, body_size) + b"x" * body_size
+            + b"\r\n")
+
+
 class Conn:
     __slots__ = ("sock", "fd", "buf", "state", "t0", "out", "ids", "outstanding",
-                 "remaining", "dry", "done")
+                 "remaining", "dry", "done", "keys")
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -57,6 +64,7 @@ class Conn:
         self.remaining = 0
         self.dry = False
         self.done = False
+        self.keys = 0  # put-unique: keys used so far
 
 
 def _connect(port: int, host: str, timeout: float) -> socket.socket:
@@ -126,6 +134,14 @@ def _drive(conns, workload, depth, total, max_ops, body_size, deadline):
     live = len(conns)
     cpu0 = time.process_time()
     t_start = clock()
+    pid = os.getpid()
+
+    def next_put(c) -> bytes:
+        """The connection's next put: the same bytes, or a put-unique with a new key."""
+        if workload != "put-unique":
+            return put
+        c.keys += 1
+        return put_unique_command(b"k%d-%d-%d" % (pid, c.fd, c.keys), body_size)
 
     def send(c, data):
         if c.out:
@@ -146,8 +162,9 @@ def _drive(conns, workload, depth, total, max_ops, body_size, deadline):
         per_conn_total = [base + (1 if i < extra else 0) for i in range(len(conns))]
     for i, c in enumerate(conns):
         c.t0 = clock()
-        if workload in ("put", "cycle"):
-            send(c, put)
+        if workload in ("put", "cycle", "put-unique"):
+            c.keys = 0
+            send(c, next_put(c))
         elif workload == "rd":
             c.state = 1
             send(c, RESERVE)
@@ -205,7 +222,7 @@ def _drive(conns, workload, depth, total, max_ops, body_size, deadline):
             now = clock()
             buf = c.buf + data if c.buf else data
 
-            if workload == "put":
+            if workload == "put" or workload == "put-unique":
                 if buf[-2:] != b"\r\n":
                     c.buf = buf
                     continue
@@ -216,7 +233,7 @@ def _drive(conns, workload, depth, total, max_ops, body_size, deadline):
                 else:
                     errors += 1
                 c.t0 = now
-                send(c, put)
+                send(c, next_put(c))
                 continue
 
             if workload in ("put-pipe", "load"):

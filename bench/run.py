@@ -61,6 +61,7 @@ WORKLOAD_LABELS = {
     "cycle": "put+reserve+delete",
     "put-pipe": "put, 100/send",
     "rd-pipe": "reserve+delete, 100/send",
+    "put-unique": "put-unique, a new key each",
 }
 
 PRESETS = {
@@ -105,6 +106,7 @@ def _targets() -> tuple:
 
 TARGETS = _targets()
 RSS_GOAL = 1.3  # RSS per job, at most this ratio
+KEYED_PUT_GOAL = 1.1  # server CPU per keyed put / per plain put, same mode and conns
 RESTART_GOAL = 1.0  # restart with a million jobs: no slower
 HANDOFF_GOAL = 1.25  # hand-off p50 and p99, at most this ratio
 SPAWN_GOAL_MS = 100.0  # spawn to first reply, absolute
@@ -353,6 +355,8 @@ class Bench:
                         if mode == "never" and wl == "put":
                             cs |= {50}
                     pts += [(mode, wl, c) for c in sorted(cs)]
+                if mode != "memory":  # a keyed put against the plain put's points
+                    pts += [(mode, "put-unique", c) for c in sorted(self.preset["conns"])]
                 for wl, c in self.preset["pipe"]:
                     pts.append((mode, wl, c))
                     if mode == "never" and wl == "put-pipe" and self.preset["extras"]:
@@ -466,6 +470,9 @@ class Bench:
                 order = self.servers if rnd % 2 == 0 else self.servers[::-1]
                 for kind in order:
                     if runs[kind] and "error" in runs[kind][-1]:
+                        continue
+                    if wl in loadgen.SMALLSTALK_ONLY and kind != "smallstalk":
+                        runs[kind].append({"error": "not a beanstalkd command"})
                         continue
                     try:
                         r = self.measure_point(kind, mode, wl, conns, self.duration / rounds)
@@ -852,6 +859,17 @@ def evaluate_targets(rows: list[dict], rss: dict, startup: dict, handoff: dict |
                     "smallstalk": _get(row, "smallstalk", metric),
                     "beanstalkd": _get(row, "beanstalkd", metric),
                     "ratio": ratio, "goal": f"{cmp} {goal}", "met": _met(ratio, goal, cmp)})
+    for (mode, wl, conns), row in found.items():  # smallstalk against itself
+        plain = found.get((mode, "put", conns))
+        if wl != "put-unique" or plain is None:
+            continue
+        keyed_us = _get(row, "smallstalk", "server_cpu_us_per_op")
+        plain_us = _get(plain, "smallstalk", "server_cpu_us_per_op")
+        r = round(keyed_us / plain_us, 3) if keyed_us and plain_us else None
+        out.append({"target": "keyed put CPU / plain put CPU", "point": f"{mode}/{wl}/{conns}",
+                    "metric": "server_cpu_us_per_op", "smallstalk": keyed_us,
+                    "beanstalkd": plain_us, "ratio": r, "goal": f"<= {KEYED_PUT_GOAL}",
+                    "met": _met(r, KEYED_PUT_GOAL, "<=")})
     if rss["servers"]:
         r = rss.get("ratio")
         out.append({"target": "RSS per 100-byte job", "point": f"memory/{rss['jobs']} jobs",

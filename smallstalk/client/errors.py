@@ -22,6 +22,10 @@ class ConnectionFailed(BeanstalkError, ConnectionError):
         self.server = server
 
 
+class NotConnected(ConnectionFailed):
+    """Could not connect at all: nothing was sent (a put is safe to try elsewhere)."""
+
+
 class ReadTimeout(ConnectionFailed, TimeoutError):
     """No reply within the read timeout; the connection was dropped."""
 
@@ -73,14 +77,6 @@ class JobTooBig(CommandError):
 
 class Draining(CommandError):
     reply = word_of(p.DRAINING)
-
-
-class ReadOnly(CommandError):
-    """The server takes no changes: a replica, or an HA member that does not hold
-    the leader lock. With several addresses of one cluster, the client tries
-    the next (the primary takes them)."""
-
-    reply = word_of(p.READ_ONLY)
 
 
 class NotFound(CommandError):
@@ -135,10 +131,24 @@ class NotReloaded(CommandError):
     reply = word_of(p.not_reloaded("x"))
 
 
+class ReadOnly(CommandError):
+    """A replica refuses changes (a failover may be under way), or an HA member
+    that does not hold the leader lock: with several addresses of one cluster,
+    the client tries the next (the primary takes them)."""
+
+    reply = word_of(p.READ_ONLY)
+
+
+class NotReplicated(CommandError):
+    """--min-replica-acks: stored on the primary, but no replica confirmed it in time."""
+
+    reply = word_of(p.NOT_REPLICATED)
+
+
 ERRORS: dict[bytes, type[CommandError]] = {
     cls.reply: cls
     for cls in (OutOfMemory, InternalError, BadFormat, UnknownCommand, ExpectedCRLF, JobTooBig,
                 Draining, NotFound, NotIgnored, TimedOut, DeadlineSoon, Buried, Unauthorized,
-                NotAReplica, NotReloaded, ReadOnly)
+                NotAReplica, NotReloaded, ReadOnly, NotReplicated)
 }
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from smallstalk.core.model import STATE_BY_NAME, STATE_NAMES
 from smallstalk.core.state import DELAYED, NS, RESERVED, body_len
-from smallstalk.core.stats import job_stats, tube_stats
+from smallstalk.core.stats import job_key_stats, job_stats, tube_stats
 from smallstalk.server import stats as server_stats
 from smallstalk.server.loop import MutationLoop
 
@@ -84,6 +84,7 @@ def job(lp: MutationLoop, jid: int, body_limit: int) -> dict[str, Any] | None:
     if j is None:
         return None
     stats = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in job_stats(j, lp.now)}
+    stats.update((k, v) for k, v in job_key_stats(st.keys, j) if v)  # put-unique's key
     try:
         body = lp.body_of(j)[:body_limit]
         error = ""

@@ -220,6 +220,14 @@ def promote(lp: MutationLoop, epoch: int | None = None, lease_until: float = mat
     lp.log(r.NewEpoch, epoch, new_history())
     # The old primary's connections are gone: their reservations become ready.
     lp.log(r.Restart)
+    # A connection's `use` on the replica was its view only (dispatch.use): make
+    # it the tube its puts go to now, or they would land in `default` (and a
+    # keyed put would miss its key, which lives in the tube it names).
+    for s in lp.sessions.values():
+        if s.view_use is not None:
+            if s.view_use != lp.state.use_of(s.id):
+                lp.log(r.Use, s.id, s.view_use)
+            s.view_use = None
     log.info("promoted to primary, epoch %d", epoch)
     return epoch
 

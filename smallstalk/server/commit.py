@@ -204,7 +204,7 @@ class GroupCommit:
         """Remember staged puts and kicks: a reserve's reply waits for them."""
         if kind is r.Put:
             top = rec.id
-        elif kind is r.PutJobs and rec.jobs:
+        elif (kind is r.PutJobs or kind is r.PutUnique) and rec.jobs:
             top = rec.jobs[-1][0]
         else:
             if kind is r.Kick:

@@ -304,6 +304,11 @@ class MutationLoop:
         """The replica fed on `s`'s connection has `seq` on disk."""
         self.commit.replica_acked(s, seq)
 
+    def replicated(self, seq: int) -> bool:
+        """Whether record `seq` is as replicated as --min-replica-acks asks (a
+        repeated keyed put may confirm its job only then: dispatch.put_unique)."""
+        return not self.commit.min_replica_acks or seq <= self.commit.acked_seq()
+
     # --- what handlers call -----------------------------------------------------
 
     def take_job_id(self) -> int:
