@@ -6,9 +6,12 @@ that follow the primary (tests/support/hacluster.py), breaks something, and
 then checks the whole acknowledged history:
 
 - kill -9 of the primary, `SMALLSTALK_FAILOVER_ROUNDS` times (default 2):
-  a new primary within ttl + 2 s; with --min-replica-acks 1 no acknowledged
-  put lost, no acknowledged delete back, no job twice, and every
-  acknowledgement from the member that held the lock at that time;
+  a new primary within ttl + 2 s; producers use `put-unique` (the body is
+  the key) and send a put whose answer they did not get again, to the next
+  member, until one answers: after every round, with --min-replica-acks 1,
+  each acknowledged key is one job (present once, or deleted), no
+  acknowledged delete is back, and every acknowledgement came from the
+  member that held the lock at that time;
 - SIGSTOP of the primary past its lease, then SIGCONT: it acknowledges
   nothing after it was stopped, rejoins as a replica of the new primary, and
   its records past the fork are set aside in DATA_DIR/diverged/, counted
@@ -72,8 +75,9 @@ def cluster_factory(tmp_path, store):
         c.stop()
 
 
-def run_load(c, ledger: Ledger, producers: int = 3, workers: int = 2, tag: str = ""):
-    threads = [start_thread(producer, c, ledger, f"{tag}p{k}") for k in range(producers)]
+def run_load(c, ledger: Ledger, producers: int = 3, workers: int = 2, tag: str = "",
+             keyed: bool = False):
+    threads = [start_thread(producer, c, ledger, f"{tag}p{k}", keyed) for k in range(producers)]
     threads += [start_thread(worker, c, ledger) for _ in range(workers)]
     return threads
 
@@ -110,11 +114,11 @@ def test_kill_9_of_the_primary_under_load(cluster_factory, capsys, mode):
     c.wait_members({c.node(i): ("primary" if c.node(i) == first else "replica")
                     for i in range(3)})
     ledger = Ledger()
-    elected, first_acks, lost = [], [], []
+    elected, first_acks, lost, undone = [], [], [], []
     for r in range(ROUNDS):
         old = c.wait_leader(30)
         ledger.stop.clear()
-        threads = run_load(c, ledger, tag=f"r{r}-")
+        threads = run_load(c, ledger, tag=f"r{r}-", keyed=True)
         try:
             since = time.monotonic()
             wait_for(lambda old=old, since=since: acks_flow(ledger, old, since), 30,
@@ -132,11 +136,11 @@ def test_kill_9_of_the_primary_under_load(cluster_factory, capsys, mode):
             stop_load(ledger, threads)
         # The whole history so far, with the load stopped (a delete racing the
         # read would look like a job come back).
-        result = check_history(ledger, present_bodies(c, c.index(new), ledger))
+        result = check_history(ledger, present_bodies(c, c.index(new), ledger),
+                               strict=mode == "sync")
         check_epochs(ledger, c.view().failovers, wall_offset)
         lost.append(result["lost"])
-        if mode == "sync":
-            assert result["lost"] == 0, (r, result)
+        undone.append(result["deletes_undone"])
         c.start(c.index(old))  # the old primary rejoins as a replica
         c.wait_members({old: "replica", new: "primary"}, 60)
     with capsys.disabled():
@@ -144,7 +148,8 @@ def test_kill_9_of_the_primary_under_load(cluster_factory, capsys, mode):
               f"p50 {statistics.median(elected):.2f} s, max {max(elected):.2f} s; first "
               f"acknowledged put after p50 {statistics.median(first_acks):.2f} s, max "
               f"{max(first_acks):.2f} s; acknowledged puts {result['acked']}, lost {lost[-1]} "
-              f"(per round, cumulative: {lost}); deletes {result['deleted']}")
+              f"(per round, cumulative: {lost}); deletes {result['deleted']}, undone "
+              f"{undone[-1]}")
     assert result["acked"] > 30 * ROUNDS, result
     assert max(elected) <= TTL + 2, elected
 
@@ -201,7 +206,7 @@ def test_a_paused_primary_acknowledges_nothing_and_sets_its_divergent_records_as
     assert count == last - first + 1 and count > 0
     assert os.path.getsize(path) > 0
     # What was acknowledged and set aside is what asynchronous mode loses.
-    result = check_history(ledger, present_bodies(c, c.index(new), ledger))
+    result = check_history(ledger, present_bodies(c, c.index(new), ledger), strict=False)
     with capsys.disabled():
         print(f"asynchronous mode: {result['lost']} acknowledged puts lost of "
               f"{result['acked']} (set aside in {path})")
@@ -256,7 +261,7 @@ def test_the_store_unreachable_fences_the_primary_and_writes_come_back(cluster_f
     assert last_ack - t_pause < TTL, last_ack - t_pause
     assert not acks_while_down
     final = c.wait_leader(10)
-    result = check_history(ledger, present_bodies(c, c.index(final), ledger))
+    result = check_history(ledger, present_bodies(c, c.index(final), ledger), strict=False)
     assert result["acked"] > 0
 
 

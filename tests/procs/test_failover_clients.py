@@ -147,14 +147,14 @@ def test_health_checks_haproxy_greenstalk_and_the_operator_verbs(setup, capsys):
         own.stop.set()
         for t in threads:
             t.join(60)
-    result = check_history(ledger, present_bodies(c, c.index(new), ledger))
+    result = check_history(ledger, present_bodies(c, c.index(new), ledger), strict=False)
     with capsys.disabled():
         print(f"\ngreenstalk through haproxy: {result}; "
               f"{sum(1 for t, *_ in ledger.puts if t > t_kill)} puts after the kill; "
               f"the package client: {len(own.puts)} puts, {len(own.put_errors)} errors")
     # Every put the package client was told INSERTED is there (asynchronous
     # mode may lose the last few of the old primary's, as with greenstalk).
-    own_result = check_history(own, present_bodies(c, c.index(new), own))
+    own_result = check_history(own, present_bodies(c, c.index(new), own), strict=False)
     assert own_result["acked"] > 0
 
     # The operator's verbs.
