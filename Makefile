@@ -102,6 +102,7 @@ IMAGE ?= localhost/smallstalk
 IMAGE_BUILD_FLAGS ?= --ulimit nofile=1024:1024 --ulimit nproc=1000:1000
 wheelhouse: $(STAMP)
 	$(BIN)/pip wheel -q --wheel-dir wheelhouse '.[console]' 'setuptools>=77'
+	rm -f wheelhouse/smallstalk-*.whl  # the image builds its own from the sources
 
 dist: $(STAMP) wheelhouse
 	@version=$$($(BIN)/python -c 'import smallstalk; print(smallstalk.__version__)'); \
