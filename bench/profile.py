@@ -46,7 +46,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import loadgen  # noqa: E402
-import run  # noqa: E402
+import servers  # noqa: E402
 
 FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 
@@ -96,7 +96,7 @@ def _short(file: str) -> str:
     for marker in ("site-packages/", "lib/python3.11/", "lib/python3"):
         if marker in file:
             return file.split(marker, 1)[1]
-    repo = str(run.REPO) + "/"
+    repo = str(servers.REPO) + "/"
     return file[len(repo):] if file.startswith(repo) else file
 
 
@@ -123,13 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tool", choices=("py-spy", "cprofile"), default="py-spy")
     ap.add_argument("--workload", default="put", choices=loadgen.WORKLOADS)
     ap.add_argument("--conns", type=int, default=10)
-    ap.add_argument("--mode", default="never", choices=list(run.MODES))
+    ap.add_argument("--mode", default="never", choices=list(servers.MODES))
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     ap.add_argument("--nonblocking", action="store_true", help="py-spy --nonblocking")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--procs", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--out", default=str(run.REPO / "bench-results"))
+    ap.add_argument("--out", default=str(servers.REPO / "bench-results"))
     ap.add_argument("--py-spy", default=None, help="py-spy binary (default: next to python)")
     args = ap.parse_args(argv)
 
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         raw = out / f"profile-{stamp}.pstats"
 
-    srv = run.Server("smallstalk", args.mode, workdir)
+    srv = servers.Server("smallstalk", args.mode, workdir)
     if args.tool == "cprofile":
         srv.cmd = [srv.cmd[0], "-c", CPROFILE_WRAPPER, str(raw), *srv.cmd[3:]]
     srv.start()
@@ -164,11 +164,11 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.5)
         else:
             os.kill(srv.pid, signal.SIGUSR2)
-        c0, t0, s0 = run.proc_cpu_ns(srv.pid), run.proc_user_sys_ticks(srv.pid), \
+        c0, t0, s0 = servers.proc_cpu_ns(srv.pid), servers.proc_user_sys_ticks(srv.pid), \
             status_counts(srv.pid)
         res = loadgen.run(srv.port, args.workload, args.conns, duration=args.seconds,
                           procs=args.procs)
-        c1, t1, s1 = run.proc_cpu_ns(srv.pid), run.proc_user_sys_ticks(srv.pid), \
+        c1, t1, s1 = servers.proc_cpu_ns(srv.pid), servers.proc_user_sys_ticks(srv.pid), \
             status_counts(srv.pid)
         if spy_proc is not None:
             _, err = spy_proc.communicate(timeout=60)
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             f"CPU/op ({100 * user / max(1, user + system):.0f}% user, "
             f"{100 * system / max(1, user + system):.0f}% system), "
             f"{nvcs / ops:.2f} involuntary context switches per op; "
-            f"git {run.git_info()['commit'][:10]}. Raw: {raw.name}.")
+            f"git {servers.git_info()['commit'][:10]}. Raw: {raw.name}.")
     title = (f"### smallstalk profile ({args.tool}): {args.workload} at {args.conns} "
              f"connections, mode {args.mode}")
     if args.tool == "py-spy":
