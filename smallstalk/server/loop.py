@@ -206,6 +206,23 @@ class MutationLoop:
         log.info("tube policies reloaded from %s", self.config_path)
         return None
 
+    def configure(self, *, policies: Policies, config_path: Path | None, admin: AdminPolicy,
+                  extended_stats: bool, replication: Replication | None) -> None:
+        """The settings cli.py starts the loop with (before its first turn)."""
+        self.policies = policies
+        self.config_path = config_path
+        self.admin = admin
+        self.extended_stats = extended_stats
+        self.replication = replication
+
+    def start_draining(self) -> None:
+        """From now on refuse new jobs (SIGUSR1, as beanstalkd)."""
+        self.draining = True
+
+    def count_refused(self) -> None:
+        """A connection was turned away past --max-connections."""
+        self.refused += 1
+
     # --- role and state, as replication and the commit change them ----------------
 
     def become_replica(self, follower: object) -> None:
