@@ -24,7 +24,7 @@ def test_bench_tiny_mode_produces_table_and_json(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "run.py"), "--tiny", "--out", str(out),
          "--tmp", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO, capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
 
