@@ -531,7 +531,7 @@ class MutationLoop:
                 self._run(s)
         timers.run(self)
         # Grants made possible by this turn's commands (a put for a waiter).
-        if not self.read_only and not c.failed_until:
+        if self.state.waiting_n and not self.read_only and not c.failed_until:
             try:
                 self.grant_waiters()
             except Unavailable:
