@@ -32,7 +32,7 @@ from smallstalk.core import records
 from smallstalk.ops import aof as aof_tool
 from smallstalk.ops import format as fmt
 from smallstalk.ops import job_history, replay
-from smallstalk.storage import aof, history, snapshot_codec
+from smallstalk.storage import aof, history, logread, snapshot_codec
 
 from ..support.procs import REPO, Server, start_smallstalk
 
@@ -310,7 +310,7 @@ def test_aof_dump_jsonl_has_every_field(log_dir: Path) -> None:
     assert (code, err) == (0, "")
     expected = []
     for _first, path in aof.list_segments(log_dir / "aof"):
-        for entry in aof.iter_segment(path):
+        for entry in logread.iter_segment(path):
             if isinstance(entry, aof.FrameScan):
                 assert entry.clean
                 break
@@ -406,7 +406,7 @@ def damaged_copy(src: Path, tmp: Path) -> Path:
 
 
 def offset_of(segment: Path, seq: int) -> int:
-    for entry in aof.iter_segment(segment):
+    for entry in logread.iter_segment(segment):
         if not isinstance(entry, aof.FrameScan) and entry[1].seq == seq:
             return entry[0]
     raise AssertionError(seq)
@@ -784,7 +784,7 @@ def dumped_seqs_and_note(data: Path) -> tuple[list[int], str]:
 def test_iter_records(log_dir: Path, folded_dir: Path) -> None:
     expected = []
     for _first, path in aof.list_segments(log_dir / "aof"):
-        expected += [(path, e[0], e[1]) for e in aof.iter_segment(path)
+        expected += [(path, e[0], e[1]) for e in logread.iter_segment(path)
                      if not isinstance(e, aof.FrameScan)]
     assert list(history.iter_records(log_dir)) == expected
     assert list(history.iter_records(str(log_dir), from_seq=10)) == expected[9:]

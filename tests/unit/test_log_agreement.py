@@ -1,5 +1,5 @@
 """Start-up and `aof verify` give one verdict on a damaged directory: they read it with
-one reader (recovery.LogReader), so the file, offset and last good seq are the same."""
+one reader (logread.LogReader), so the file, offset and last good seq are the same."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from smallstalk.core import records as r
 from smallstalk.core.state import State
 from smallstalk.ops import verify
-from smallstalk.storage import aof, datadir, recovery, snapshot
+from smallstalk.storage import aof, datadir, logread, recovery, snapshot
 from smallstalk.storage.aof import CorruptionError
 
 
@@ -153,8 +153,8 @@ def test_the_reader_raises_the_first_break_and_collects_every_one(tmp_path: Path
     segment(data, 12, [12, 13])
     paths = [p for _first, p in datadir.list_segments(datadir.aof_dir(data))]
     with pytest.raises(CorruptionError) as info:
-        list(recovery.LogReader(paths, 0).batches())
-    collecting = recovery.LogReader(paths, 0, keep_going=True)
+        list(logread.LogReader(paths, 0).batches())
+    collecting = logread.LogReader(paths, 0, keep_going=True)
     seqs = [rec.seq for _p, _d, _o, recs in collecting.batches() for rec in recs]
     assert seqs == [1, 2, 3, 4, 9, 12, 13]  # read on past each break
     assert [(p.path, p.offset, p.seq, p.why) for p in collecting.problems] == [
