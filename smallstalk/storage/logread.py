@@ -112,6 +112,18 @@ def record_batches(path: Path, first: int, frames: Batches, put_lists: bool = Fa
             return
 
 
+def _pieces(frames: Batches) -> Batches:
+    """A streamed file's batches (a read's worth of frames) cut to aof.SEGMENT_BATCH
+    frames, as a file in memory comes: a batch's records live until the caller is
+    done with them, and the cyclic collector pays for every one that lives long."""
+    step = aof.SEGMENT_BATCH
+    for offsets, payloads, scan in frames:
+        last = max(len(offsets) - 1, 0) // step * step
+        for i in range(0, last, step):
+            yield offsets[i:i + step], payloads[i:i + step], None
+        yield offsets[last:], payloads[last:], scan
+
+
 def segment_batches(path: Path, data: bytes | None = None, put_lists: bool = False,
                     ) -> Iterator[tuple[list[int], list, FrameScan | None]]:
     """`record_batches` of a whole segment file in memory (read from `path` if
@@ -341,7 +353,7 @@ class LogReader:
         seg.header_seq = first = aof.read_header(seg.path, head, SEGMENT_MAGIC)
         seg.end = HEADER_SIZE
         if data is None:
-            frames = aof.file_frames(f, HEADER_SIZE, self.settle if last_segment else ())
+            frames = _pieces(aof.file_frames(f, HEADER_SIZE, self.settle if last_segment else ()))
         else:
             frames = aof.frame_batches(data)
         return record_batches(seg.path, first, frames, self.put_lists)
@@ -358,8 +370,10 @@ class LogReader:
         """A frame that does not check out: the torn tail, or damage (raised)."""
         if last_segment:
             if data is None:
+                # The file as it was when the frame was found bad: frames a live
+                # server appends later must not pass for records after damage.
                 f.seek(0)
-                data = f.read()  # the whole file, from the file we have open
+                data = f.read(scan.size)
             last = self.last_read if self.last_read is not None else (seg.header_seq or 1) - 1
             if aof.later_good_frame(data, scan.end, last) is None:
                 seg.torn, seg.tail = scan.why, data[scan.end:]

@@ -60,6 +60,13 @@ def gap_inside_a_file(d: Path) -> tuple[Path, int, int]:
     return first, offset_of(first, 5), 3
 
 
+def gap_deep_inside_a_file(d: Path) -> tuple[Path, int, int]:
+    """Past the first batch of records (aof.SEGMENT_BATCH) a reader decodes at a time."""
+    first = segment(d, 1, [*range(1, 1101), *range(1102, 1201)])
+    segment(d, 1201, [1201])
+    return first, offset_of(first, 1102), 1100
+
+
 def mid_file_damage(d: Path) -> tuple[Path, int, int]:
     first = segment(d, 1, [1, 2, 3, 4])
     segment(d, 5, [5, 6])
@@ -149,7 +156,8 @@ def snapshot_then_a_gap(d: Path) -> tuple[Path, int, int]:
 Story = Callable[[Path], tuple[Path, int, int]]
 # Damage inside one segment: a reader of a segment on its own (ls) sees it too.
 IN_A_FILE: list[Story] = [
-    gap_inside_a_file, mid_file_damage, damage_before_good_records_of_the_last_file,
+    gap_inside_a_file, gap_deep_inside_a_file, mid_file_damage,
+    damage_before_good_records_of_the_last_file,
     wrong_header_seq, torn_tail_in_a_closed_segment, header_only_closed_segment,
     record_that_does_not_decode, damage_past_the_first_read, bad_header]
 STORIES: list[Story] = [gap, overlap, *IN_A_FILE, snapshot_then_a_gap]
@@ -206,6 +214,18 @@ def test_a_segment_read_on_its_own_shows_the_same_damage(tmp_path: Path, story: 
             assert (s.status, s.why) == ("damaged", f"{info.value.why} at offset {offset}")
         else:
             assert s.status == "ok", (seg, s.why)
+
+
+def test_streamed_and_whole_files_give_the_same_records(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    segment(data, 1, list(range(1, 1301)))
+    last = segment(data, 1301, list(range(1301, 1401)))
+    whole = [(p, o, rec) for p, _d, offsets, recs in logread.LogReader(
+        [last.with_name(datadir.segment_name(1)), last], 0).batches()
+        for o, rec in zip(offsets, recs, strict=True)]
+    assert [rec.seq for _p, _o, rec in whole] == list(range(1, 1401))
+    assert list(history.iter_records(data, warn=pytest.fail)) == whole
+    assert list(history.iter_records(data, from_seq=700)) == whole[699:]
 
 
 def test_a_gap_after_the_snapshot_is_missing_history_to_the_streaming_reader(
