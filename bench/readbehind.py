@@ -9,7 +9,7 @@ peak) is read at the end. Prints one JSON object.
     .venv/bin/python bench/readbehind.py --total 2GiB --max-memory 64MB
     .venv/bin/python bench/readbehind.py --total 512MiB --compare   # with and without a budget
 
-tests/test_readbehind_procs.py imports `run` and `drive` from here.
+tests/procs/test_readbehind.py loads this file and uses its `drive`.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from smallstalk import __version__, listen
 from smallstalk.config import (
     ServeConfig,
     UsageError,
+    memcache_address,
     parse_serve,
     server_changes,
     tls_address,
@@ -127,9 +128,11 @@ def _whoami() -> str:
 
 async def serve(cfg: ServeConfig, sockets: list[socket.socket],
                 tls_sockets: list[socket.socket] | tuple = (),
-                contexts: tls.Contexts | None = None) -> None:
-    """Run the server on `sockets` (plaintext) and `tls_sockets` (TLS with
-    `contexts.server`), bound already: nothing is written before they are."""
+                contexts: tls.Contexts | None = None,
+                memcache_sockets: list[socket.socket] | tuple = ()) -> None:
+    """Run the server on `sockets` (plaintext), `tls_sockets` (TLS with
+    `contexts.server`) and `memcache_sockets` (kestrel's memcache protocol),
+    bound already: nothing is written before they are."""
     contexts = contexts or tls.Contexts()
     console = None
     if cfg.http is not None:  # the optional extra, imported before clients are served
@@ -179,14 +182,13 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
     lp = MutationLoop(state, journal, cfg.data_dir, max_job_size=cfg.max_job_size,
                       min_replica_acks=cfg.min_replica_acks,
                       replica_ack_timeout=cfg.replica_ack_timeout)
-    lp.policies = cfg.policies
-    lp.extended_stats = cfg.extended_stats
     token = read_token(cfg.admin_token_file) if cfg.admin_token_file else None
-    lp.admin = AdminPolicy(token, parse_allow(cfg.admin_allow))
-    lp.replication = Hooks()  # `replicate` and `promote` (server/ does not import replication/)
+    lp.configure(policies=cfg.policies, config_path=cfg.config_path,
+                 admin=AdminPolicy(token, parse_allow(cfg.admin_allow)),
+                 extended_stats=cfg.extended_stats,
+                 replication=Hooks())  # server/ does not import replication/
     if journal is not None:
         lp.use_bodies(bodies)
-    lp.config_path = cfg.config_path
     if cfg.config_path is not None:
         log.info("configuration from %s (tube policies: default and %d named tubes)",
                  cfg.config_path, len(cfg.policies.tubes))
@@ -199,8 +201,7 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
         # What it sends the primary first: its own admin token, or the client's variable.
         follower = Follower(lp, *cfg.replica_of, ssl_context=contexts.replica,
                             token=token or os.environ.get(TOKEN_ENV, "").strip() or None)
-        lp.role, lp.follower = "replica", follower
-        lp.read_only = "replica"
+        lp.become_replica(follower)
     elif journal is not None:
         if not state.epochs:  # a fresh log gets its own history id
             lp.log(r.NewEpoch, 1, new_history())
@@ -215,8 +216,15 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
             # Signals first: a SIGUSR1 or SIGTERM right after the server says it
             # serves must be handled, not kill the process.
             await nursery.start(_signals, nursery.cancel_scope, lp, cfg)
+            if memcache_sockets:
+                from smallstalk.server import memcache
+
+                listeners += memcache.listeners(
+                    [trio.socket.from_stdlib_socket(s) for s in memcache_sockets],
+                    lambda: _shutdown(nursery.cancel_scope))
             where = ", ".join([listen.describe(s) for s in sockets] +
-                              [f"{listen.describe(s)} (TLS)" for s in tls_sockets])
+                              [f"{listen.describe(s)} (TLS)" for s in tls_sockets] +
+                              [f"{listen.describe(s)} (memcache)" for s in memcache_sockets])
             log.info("smallstalk %s listening on %s (fsync %s%s)", __version__, where,
                      cfg.fsync if journal else "n/a, in memory",
                      f", replica of {cfg.replica_of[0]}:{cfg.replica_of[1]}"
@@ -253,15 +261,20 @@ async def _signals(scope: trio.CancelScope, lp: MutationLoop, cfg: ServeConfig |
         async with trio.open_nursery() as reloads:
             async for sig in sigs:
                 if sig == signal.SIGUSR1:
-                    lp.draining = True
+                    lp.start_draining()
                     log.info("drain mode: new jobs are refused")
                 elif sig == signal.SIGHUP:
                     reloads.start_soon(_reload, lp, cfg)
                 else:
                     log.info("shutting down")
-                    listen.notify("STOPPING=1")
-                    scope.cancel()
+                    _shutdown(scope)
                     return
+
+
+def _shutdown(scope: trio.CancelScope) -> None:
+    """SIGTERM, SIGINT, or the memcache port's SHUTDOWN: stop serving."""
+    listen.notify("STOPPING=1")
+    scope.cancel()
 
 
 async def _reload(lp: MutationLoop, cfg: ServeConfig | None) -> None:
@@ -443,11 +456,13 @@ def serve_command(argv: list[str], early: list[socket.socket] | None = None) -> 
         sockets = _listen_sockets(argv, cfg, early)
         tls_sockets = [] if cfg.tls_port is None else \
             listen.bind(tls_address(cfg), cfg.tls_port, ("--tls-listen", "--tls-port"))
+        memcache_sockets = [] if cfg.memcache_port is None else \
+            listen.bind(memcache_address(cfg), cfg.memcache_port, ("-l", "--memcache-port"))
         if cfg.user:
             _drop_privileges(cfg.user)
         if cfg.data_dir is not None:
             _check_data_dir(cfg.data_dir)
-        trio.run(serve, cfg, sockets, tls_sockets, contexts)
+        trio.run(serve, cfg, sockets, tls_sockets, contexts, memcache_sockets)
     except KeyboardInterrupt:
         pass
     except BaseException as e:  # noqa: B036 -- only known mistakes are caught, bugs re-raised

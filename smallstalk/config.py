@@ -1,9 +1,10 @@
 """Server configuration: beanstalkd's flags and smallstalk's own, parsed.
 
-Kept free of trio and the server modules so that `smallstalk serve` can parse
-its flags and open its listening socket within a few milliseconds of
-starting (see launch.py): client test set-ups that start a server and connect
-after 0.1 s must not find the port closed.
+Kept free of trio and of the running server (of server/ it uses only the
+parsers in server/admin.py and server/policy.py, which import neither) so
+that `smallstalk serve` can parse its flags and open its listening socket
+within a few milliseconds of starting (see launch.py): client test set-ups
+that start a server and connect after 0.1 s must not find the port closed.
 """
 
 from __future__ import annotations
@@ -74,6 +75,11 @@ Configuration file (see docs/CONFIG.md):
                          Flags given on the command line win over the file.
                          SIGHUP or the reload-config command re-reads the tube
                          tables; [server] changes need a restart.
+
+kestrel's memcache protocol (see docs/KESTREL.md):
+ --memcache-port PORT    answer memcache clients (SET/GET queue...) on this port,
+                         on -l's address (127.0.0.1 when -l is unix:PATH);
+                         default: off
 
 Replication (needs a data directory; see the README):
  --replica-of HOST:PORT  follow that primary as a read-only hot standby
@@ -149,6 +155,7 @@ class ServeConfig:
     tls_client_ca: Path | None = None  # mutual TLS
     tls_handshake_timeout: float = 10.0
     plaintext: bool = True  # --no-plaintext: no plaintext TCP listener
+    memcache_port: int | None = None  # kestrel's memcache protocol (server/memcache.py)
     replica_tls_ca: Path | None = None
     replica_tls_cert: Path | None = None
     replica_tls_key: Path | None = None
@@ -188,7 +195,7 @@ LONG_OPTIONS = {
     "--max-connections",
     "--tls-port", "--tls-listen", "--tls-cert", "--tls-key", "--tls-client-ca",
     "--tls-handshake-timeout", "--replica-tls-ca", "--replica-tls-cert", "--replica-tls-key",
-    "--admin-token-file", "--admin-allow",
+    "--admin-token-file", "--admin-allow", "--memcache-port",
 }
 
 # Long options without a value.
@@ -297,6 +304,11 @@ def tls_address(cfg: ServeConfig) -> str:
     return "127.0.0.1" if cfg.addr.startswith("unix:") else cfg.addr
 
 
+def memcache_address(cfg: ServeConfig) -> str:
+    """Where the memcache port listens: -l's address (never a unix socket)."""
+    return "127.0.0.1" if cfg.addr.startswith("unix:") else cfg.addr
+
+
 def _check_admin(cfg: ServeConfig) -> None:
     """A token file that cannot be read, or an address that is none, stops the start."""
     try:
@@ -353,6 +365,8 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
         cfg.plaintext = False
     elif name == "--tls-port":
         cfg.tls_port = _port_flag(value, name)
+    elif name == "--memcache-port":
+        cfg.memcache_port = _port_flag(value, name)
     elif name == "--tls-listen":
         if value.startswith("unix:"):
             raise UsageError("--tls-listen takes an IP address or host name: a unix "
@@ -519,6 +533,7 @@ SERVER_KEYS: dict[str, tuple[str, Callable[[object, str], Any]]] = {
     "max-connections": ("max_connections", lambda v, w: max(_count(v, w), 1)),
     "http": ("http", _replica_of),
     "tls-port": ("tls_port", _port),
+    "memcache-port": ("memcache_port", _port),
     "tls-listen": ("tls_listen", _tls_listen),
     "tls-cert": ("tls_cert", _text),
     "tls-key": ("tls_key", _text),

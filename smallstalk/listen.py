@@ -24,7 +24,7 @@ def listen_address(argv: list[str]) -> tuple[str, int] | None:
     """Just -l/-p (and --listen/--port) from serve's flags, as config.parse_serve reads them.
 
     A few lines instead of importing config (attrs and the protocol classes
-    cost ~60 ms); tests/test_launch.py checks the two agree.
+    cost ~60 ms); tests/unit/test_launch.py checks the two agree.
     """
     addr, port = "127.0.0.1", 11300
     args = list(argv)

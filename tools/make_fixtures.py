@@ -6,7 +6,7 @@ directory gets, and holds two Restart records; both with the tube policies of
 `CONFIG` as their --config file, for the big-tube records of format 2: fanout
 copies, a full tube dropping its oldest job, expiry into a dead-letter tube),
 stops each with SIGTERM, folds the closed segments with
-`python -m smallstalk.compactor`, and writes three data directories plus
+`python -m smallstalk.storage.compactor`, and writes three data directories plus
 expected.json:
 
 - log-only/               the data directory exactly as the server left it;
@@ -139,7 +139,7 @@ class Chosen:
     pattern: str
 
 
-HISTORY_PATTERN = "[0-9a-f]{16}"  # smallstalk.replication.new_history: 8 random bytes, hex
+HISTORY_PATTERN = "[0-9a-f]{16}"  # smallstalk.replication.feed.new_history: 8 random bytes, hex
 
 
 def resolve(obj: Any, chosen: dict[str, str]) -> Any:

@@ -1,5 +1,5 @@
 """TLS and the admin token: the connection settings `Client`, `AsyncClient` and
-the worker share (docs/CLIENT.md, "TLS and tokens")."""
+the worker share (docs/CLIENT.md, "TLS and the admin token")."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from prometheus_client.core import (
 )
 
 from smallstalk.console import views
-from smallstalk.server import dispatch
+from smallstalk.server import stats as server_stats
 from smallstalk.server.loop import MutationLoop
 
 # `stats` keys that are beanstalkd's (the rest of `stats` is smallstalk's own).
@@ -75,7 +75,7 @@ async def take(lp: MutationLoop, data_dir) -> Snapshot:
     def server_part(lp: MutationLoop) -> tuple:
         j = lp.journal
         m = j.metrics if j is not None else None
-        stats = dispatch.server_stats(lp)
+        stats = server_stats.server_stats(lp)
         feeds = [{"session": sid, "acked": f.acked} for sid, f in sorted(lp.feeds.items())]
         return (stats, list(lp.state.tube_order), feeds,
                 _hist(m.fsync_seconds) if m else None, _hist(m.commit_records) if m else None,

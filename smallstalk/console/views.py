@@ -15,7 +15,7 @@ from typing import Any
 
 from smallstalk.core.state import BURIED, DELAYED, NS, READY, RESERVED, body_len
 from smallstalk.core.stats import STATE_NAMES, job_stats, tube_stats
-from smallstalk.server import dispatch
+from smallstalk.server import stats as server_stats
 from smallstalk.server.loop import MutationLoop
 
 TUBE_CHUNK = 500  # tubes read per loop turn
@@ -27,7 +27,7 @@ PREVIEW_BYTES = 60
 def server(lp: MutationLoop) -> dict[str, Any]:
     """`stats` as a dict (bytes values decoded) plus what only the loop knows."""
     out: dict[str, Any] = {}
-    for key, value in dispatch.server_stats(lp):
+    for key, value in server_stats.server_stats(lp):
         out[key] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
     out["read-only"] = lp.read_only or ""
     out["feeds"] = [{"session": sid, "acked": f.acked, "cut_off": f.cut_off}
@@ -48,7 +48,7 @@ def tube_rows(lp: MutationLoop, names: list[str]) -> list[dict[str, Any]]:
         if t is None:
             continue
         row: dict[str, Any] = {}
-        for key, value in tube_stats(t, now) + dispatch.tube_stats_extended(lp, name):
+        for key, value in tube_stats(t, now) + server_stats.tube_stats_extended(lp, name):
             row[key] = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
         top = st.peek_ready(name) if t.ready_n else None
         row["next-ready-age"] = (now - top.created) // NS if top is not None else None

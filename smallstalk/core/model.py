@@ -43,7 +43,7 @@ def _counter(i: int) -> property:
 
 
 class Job:
-    """One job. Kept small: a server may hold millions (see the RSS row in the README).
+    """One job. Kept small: a server may hold millions (docs/PERFORMANCE.md, Memory).
 
     The five statistics, the delay and the reserver live in one tuple
     (`counts`), shared by every job whose values there are all zero (a new
@@ -82,7 +82,7 @@ def counts_for(delay: int) -> tuple:
 
 # Where a million jobs are made (State.apply_put, storage/snapshot_codec.load),
 # Job.__init__ is inlined: object.__new__ and the attribute stores, no __init__ call.
-# tests/test_put_fastpath.py checks that those places set every slot.
+# tests/unit/test_put_fastpath.py checks that those places set every slot.
 new_bare_job = object.__new__
 
 

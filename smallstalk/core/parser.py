@@ -315,7 +315,7 @@ class _PutHeader:
 _ID, _U32 = rb"([0-9]{1,18})", rb"([0-9]{1,9})"  # digits that cannot pass the bound
 # A worker's everyday commands in their plain form (one space between plain
 # digits that cannot overflow): exactly what `_TABLE`'s parsers make of such
-# lines, without trying every prefix first (tests/test_protocol.py holds the
+# lines, without trying every prefix first (tests/unit/test_protocol.py holds the
 # two to the same result).
 _PLAIN_ARGS: dict[bytes, tuple[re.Pattern, Callable]] = {
     b"delete": (re.compile(_ID), lambda i: Delete(int(i))),

@@ -206,8 +206,7 @@ def promote(lp: MutationLoop) -> int:
     """Turn this replica into a primary (inside the loop). Returns the new epoch."""
     if lp.follower is not None:
         lp.follower.stop()
-    lp.role = "primary"
-    lp.read_only = None
+    lp.become_primary()
     # The old primary's connections are gone: their reservations become ready.
     lp.log(r.Restart)
     epoch = lp.state.epoch[0] + 1

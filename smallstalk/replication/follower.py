@@ -199,8 +199,6 @@ def install_snapshot(lp, path: Path, snap_seq: int) -> None:
     The file is checked by loading it (bodies past the budget stay in it);
     only then does it become our snapshot and our segments go.
     """
-    from smallstalk.core import records
-
     store = lp.bodies.fresh() if lp.bodies is not None else None
     try:
         state = snapshot.load(path, store)
@@ -225,10 +223,4 @@ def install_snapshot(lp, path: Path, snap_seq: int) -> None:
             old.unlink(missing_ok=True)
     aof.fsync_dir(snap_dir)  # a newer snapshot of ours must not come back over this one
     lp.journal.reset(snap_seq + 1)
-    old_store = lp.bodies
-    lp.state = state
-    if store is not None:
-        lp.use_bodies(store)
-        old_store.close()  # the references of the state we replaced
-    for sid in lp.sessions:
-        lp.volatile(records.Connect, sid)
+    lp.replace_state(state, store)

@@ -9,12 +9,17 @@ on with the next turns meanwhile. Their replies (also of turns that changed
 nothing: they may have seen the unsynced records) wait in `unsynced`, in
 order, until the fsync answers (`watch_syncs`). Each reply waits only for
 what it needs (`Session.need`, see `note_need`). With `--min-replica-acks`,
-replies of changes are parked until replicas acknowledge them.
+replies of changes are held until replicas acknowledge them (`AwaitingAcks`).
 
 If the commit fails, no reply of that turn is sent as a success: every
 command of the turn is answered INTERNAL_ERROR, the staged records are
 dropped, and the state is rebuilt from the data directory (which holds
 exactly what was acknowledged). See docs/ARCHITECTURE.md.
+
+The commit is a room below the loop: the loop changes it only through the
+named methods here (`begin_turn`, `begin_command`, `stage`, `stage_put`,
+`touch`, `granted_first`, `forget`, `finish_turn`, ...), and it sees the loop
+only through `Owner`, so neither writes the other's fields.
 """
 
 from __future__ import annotations
@@ -23,19 +28,16 @@ import logging
 import os
 from bisect import bisect_left, bisect_right
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
-from smallstalk.core.state import READY
-from smallstalk.server.session import Session, deliver, recount
+from smallstalk.core.state import READY, State
+from smallstalk.server.session import Delivery, Session, deliver, recount
 from smallstalk.storage.bodies import PUTS
 from smallstalk.storage.journal import INLINE_SYNC_RECORDS, Journal, JournalError
-
-if TYPE_CHECKING:
-    from smallstalk.server.loop import MutationLoop
 
 log = logging.getLogger("smallstalk.server.commit")
 
@@ -54,6 +56,24 @@ class Unavailable(Exception):
     """The AOF cannot take records right now (it failed recently: `failed_until`)."""
 
 
+class Owner(Protocol):
+    """What the commit asks of the loop that owns it (loop.MutationLoop)."""
+
+    state: State
+    bodies: object | None  # the read-behind body store, if any
+    sessions: dict[int, Session]
+
+    def spill(self, puts: list) -> None:
+        """After a commit: bodies of the turn's puts past a budget go to disk."""
+
+    def has_leftover(self) -> bool:
+        """Some session has commands left for the next turn."""
+
+    def reload_from_disk(self) -> bool:
+        """After a disk error: serve exactly what the data directory holds.
+        False if it cannot be read (the state is unchanged)."""
+
+
 class Unsynced:
     """A turn whose records are written and not yet fsynced: what waits for it."""
 
@@ -68,8 +88,8 @@ class Unsynced:
         self.deliveries = deliveries
 
 
-class Parked:
-    """Replies held until a replica has acknowledged the turn's records."""
+class AwaitingAcks:
+    """Replies held until enough replicas have acknowledged the turn's records."""
 
     __slots__ = ("seq", "deadline", "deliveries")
 
@@ -80,25 +100,25 @@ class Parked:
 class GroupCommit:
     """The loop's staged records, their commit, and when each reply may go.
 
-    Owned by one MutationLoop (`lp`), which stages into it from its handlers
-    and reads `failed_until`, `must_sync` and `revealed` in its inner loops.
+    Owned by one MutationLoop (`owner`), which stages into it from its
+    handlers and reads `failed_until` and `min_replica_acks`.
     """
 
-    def __init__(self, lp: MutationLoop, journal: Journal | None, min_replica_acks: int = 0,
-                 replica_ack_timeout: float = 5.0):
-        self.lp = lp
+    def __init__(self, owner: Owner, journal: Journal | None, feeds: dict,
+                 min_replica_acks: int = 0, replica_ack_timeout: float = 5.0):
+        self.owner = owner
         self.journal = journal
-        self.feeds = lp.feeds  # the loop's dict, shared: session id -> replication feed
+        self.feeds = feeds  # the owner's: session id -> replication feed
         self.min_replica_acks = min_replica_acks
         self.replica_ack_timeout = replica_ack_timeout
         self.failed_until = 0.0  # trio time until which the AOF takes no records
         self.stale = False  # the state could not be read back after a failure: no records
-        self.parked: deque[Parked] = deque()
+        self.awaiting_acks: deque[AwaitingAcks] = deque()
         self.unsynced: deque[Unsynced] = deque()  # turns waiting for the fsync thread
         # Per-session reply needs (Session.need), kept under --fsync always only.
         self.track_needs = False
         # The last seq staged that replies must wait for (not a NEED_NO_SYNC record).
-        self.must_sync = lp.state.last_seq
+        self.must_sync = owner.state.last_seq
         # What a reserve's reply reveals: puts and kicks not known durable yet.
         # Unsynced puts are the newest jobs, so ids and seqs both ascend.
         self.put_ids: list[int] = []  # highest job id each staged put made
@@ -106,8 +126,45 @@ class GroupCommit:
         self.kick_seq = 0
         self.revealed: int | None = None  # set by staging a NEED_NO_SYNC record
         self.turn_payloads: list[tuple[int, bytes]] = []
-        self.turn_seq0 = lp.state.last_seq  # the loop sets it as each turn starts
+        self.turn_seq0 = owner.state.last_seq  # the last seq before this turn
         self.turn_puts: list = []  # (record, file, body offset) staged this turn, for spilling
+        self.touched: dict[int, Session] = {}  # sessions with replies this turn
+        # ...of which these were granted a job: their replies go out first (a
+        # waiting worker gets its job before the producer hears INSERTED, as
+        # in beanstalkd; the hand-off is the latency a user feels).
+        self.granted: list[Session] = []
+
+    # --- what the loop tells it, per turn, session and command ------------------------
+
+    def begin_turn(self) -> None:
+        self.turn_seq0 = self.owner.state.last_seq
+
+    def touch(self, s: Session) -> None:
+        """`s` may have replies this turn: `finish_turn` collects them."""
+        self.touched[s.id] = s
+
+    def granted_first(self, s: Session) -> None:
+        """`s` was granted a job this turn: its replies go out before the others'."""
+        self.granted.append(s)
+
+    def forget(self, s: Session) -> None:
+        """`s` closed: nothing of it is collected."""
+        self.touched.pop(s.id, None)
+
+    def begin_command(self) -> int:
+        """Before a command that `note_need` will judge: what must be durable so far."""
+        self.revealed = None
+        return self.must_sync
+
+    def check_available(self) -> None:
+        """Raise Unavailable while the AOF takes no records (a recent disk error)."""
+        if self.failed_until and trio.current_time() < self.failed_until \
+                or not self.reload_if_stale():
+            raise Unavailable("the AOF failed recently")
+
+    def has_timers(self) -> bool:
+        """Anything here that time may move (`seconds_to_deadline`)."""
+        return bool(self.awaiting_acks or self.unsynced or self.failed_until)
 
     # --- staging (per record) -----------------------------------------------------
 
@@ -116,7 +173,7 @@ class GroupCommit:
         payload = self.journal.append(rec)
         kind = type(rec)
         if kind in NEED_NO_SYNC and not self.min_replica_acks \
-                and self.lp.state.jobs[rec.id].state == READY:
+                and self.owner.state.jobs[rec.id].state == READY:
             # (reserve-job out of buried or delayed: losing it would put the job back there)
             self.revealed = self.job_need(rec.id)
         else:
@@ -127,9 +184,19 @@ class GroupCommit:
         # before this turn's fsync, starts from the durable seq and gets the
         # rest from these pushes (skipping them left a gap in its feed).
         self.turn_payloads.append((rec.seq, payload))
-        if kind in PUTS and self.lp.bodies is not None:
+        if kind in PUTS and self.owner.bodies is not None:
             path, end = self.journal.appended_at()
             self.turn_puts.append((rec, path, end - len(rec.body)))
+
+    def stage_put(self, payload: bytes, seq: int, job_id: int) -> None:
+        """`stage` for the everyday put, already encoded (`records.encode_put`):
+        the same bytes staged and the same bookkeeping, without the record."""
+        self.journal.append_payload(payload, seq)
+        self.must_sync = seq
+        if self.track_needs:
+            self.put_ids.append(job_id)
+            self.put_seqs.append(seq)
+        self.turn_payloads.append((seq, payload))  # also without feeds: see `stage`
 
     def _track(self, rec: r.Record, kind: type) -> None:
         """Remember staged puts and kicks: a reserve's reply waits for them."""
@@ -161,13 +228,20 @@ class GroupCommit:
             del seqs[:k], self.put_ids[:k]
 
     def note_need(self, s: Session, must0: int) -> None:
-        """After a command of `s` ran: what its reply waits for. A command
-        that logged only a reserve waits for the job it reveals; any other for
-        everything staged so far that needs an fsync (what it may have seen)."""
-        revealed = self.revealed  # reset before each command (loop `_run`, `grant_waiters`)
+        """After a command of `s` ran (`must0` from `begin_command`): what its
+        reply waits for. A command that logged only a reserve waits for the
+        job it reveals; any other for everything staged so far that needs an
+        fsync (what it may have seen)."""
+        revealed = self.revealed
         need = self.must_sync if revealed is None or self.must_sync != must0 else revealed
         if need > s.need:
             s.need = need
+
+    def note_seen(self, s: Session) -> None:
+        """`s`'s next reply ends a wait (or answers a deferred command): it
+        may have seen everything staged so far, so it waits for all of it."""
+        if self.must_sync > s.need:
+            s.need = self.must_sync
 
     # --- the end of a turn ----------------------------------------------------------
 
@@ -190,7 +264,7 @@ class GroupCommit:
                 if self.failed_until:
                     self.failed_until = 0.0
                 if self.turn_puts:
-                    self.lp.spill(self.turn_puts)
+                    self.owner.spill(self.turn_puts)
         self.turn_puts = []
         payloads = self.turn_payloads
         if payloads:
@@ -200,14 +274,14 @@ class GroupCommit:
                     feed.push(payloads)
         for _box, done in calls:
             done.set()
-        self._reply(self._collect(), self.lp.state.last_seq if committed else self.turn_seq0,
+        self._reply(self._collect(), self.owner.state.last_seq if committed else self.turn_seq0,
                     self.turn_seq0)
 
     def seconds_to_deadline(self) -> float | None:
-        """Until a parked reply times out or a lazy fsync is due, if any waits."""
+        """Until a reply held for replicas times out or a lazy fsync is due, if any waits."""
         wait = None
-        if self.parked:
-            wait = max(self.parked[0].deadline - trio.current_time(), 0.0)
+        if self.awaiting_acks:
+            wait = max(self.awaiting_acks[0].deadline - trio.current_time(), 0.0)
         if self.unsynced and not self.journal.syncing:
             # Only records that needed no fsync wait: their lazy one is due.
             left = max(self.unsynced[0].at + LAZY_SYNC - trio.current_time(), 0.0)
@@ -232,11 +306,11 @@ class GroupCommit:
             if had and self.failed_until:
                 self.failed_until = 0.0
             if self.turn_puts:
-                self.lp.spill(self.turn_puts)
+                self.owner.spill(self.turn_puts)
         self.turn_puts = []
         written = j.written_seq
         # Never past what is written (after a disk error seqs are taken again).
-        deliveries = [(min(d[0].need, written), d) for d in self._collect()]
+        deliveries = [(min(d.session.need, written), d) for d in self._collect()]
         need = written if calls else max((n for n, _ in deliveries), default=0)
         now = trio.current_time()
         turn = Unsynced(written, self.turn_seq0, now, self.turn_payloads, calls, deliveries)
@@ -263,15 +337,24 @@ class GroupCommit:
             return
         self._release_synced(j.committed_seq)
 
-    async def watch_syncs(self, fd: int) -> None:
-        """Take each answer of the fsync thread (its eventfd) as it comes."""
-        while True:
-            await trio.lowlevel.wait_readable(fd)
-            try:
-                os.eventfd_read(fd)
-            except BlockingIOError:
-                continue  # answered already (a rotation waited for it)
-            self._sync_answered()
+    async def run_fsync_thread(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Under --fsync always: start the fsync thread, commit in two steps
+        from now on, and take each of the thread's answers (its eventfd) as
+        it comes; the thread stops when this task is cancelled."""
+        j = self.journal
+        fd = j.start_syncer().done_fd
+        self.track_needs = True
+        try:
+            task_status.started()
+            while True:
+                await trio.lowlevel.wait_readable(fd)
+                try:
+                    os.eventfd_read(fd)
+                except BlockingIOError:
+                    continue  # answered already (a rotation waited for it)
+                self._sync_answered()
+        finally:
+            j.stop_syncer()
 
     def _sync_written(self) -> None:
         """fsync what is written: here if it is little (the thread hand-off
@@ -279,7 +362,7 @@ class GroupCommit:
         also when a session's slice left commands for the next turn: a flood
         goes on while the disk syncs."""
         j = self.journal
-        if j.written_seq - j.committed_seq <= INLINE_SYNC_RECORDS and not self.lp.runnable:
+        if j.written_seq - j.committed_seq <= INLINE_SYNC_RECORDS and not self.owner.has_leftover():
             j.sync()
         else:
             j.sync_in_background()
@@ -317,17 +400,15 @@ class GroupCommit:
 
     # --- replies ----------------------------------------------------------------------
 
-    def _collect(self) -> list[tuple]:
+    def _collect(self) -> list[Delivery]:
         """Take every touched session's replies of this turn, one delivery each."""
-        lp = self.lp
-        touched = lp.touched
-        lp.touched = {}
-        sessions = lp.sessions
+        touched, self.touched = self.touched, {}
+        sessions = self.owner.sessions
         deliveries = []
         order = touched.values()
-        if lp.granted:
-            first = {s.id: s for s in lp.granted if s.id in touched}
-            lp.granted = []
+        if self.granted:
+            first = {s.id: s for s in self.granted if s.id in touched}
+            self.granted = []
             order = [*first.values(), *(s for s in order if s.id not in first)]
         for s in order:
             if s.id not in sessions or s.feed is not None:
@@ -335,22 +416,22 @@ class GroupCommit:
             done = not s.blocked and not s.pending
             # A session that just started waiting is told so (done=False, maybe
             # no bytes): its connection then watches the socket meanwhile.
-            deliveries.append((s, s.out, s.out_mut, done, s.closing))
+            deliveries.append(Delivery(s, s.out, s.out_mut, done, s.closing))
             s.out, s.out_mut = [], []
         return deliveries
 
-    def _reply(self, deliveries: list[tuple], turn_seq: int, seq0: int) -> None:
+    def _reply(self, deliveries: list[Delivery], turn_seq: int, seq0: int) -> None:
         hold = self.min_replica_acks and turn_seq > seq0
         held = []
-        for delivery in deliveries:
-            if hold and any(delivery[2]):
-                held.append(delivery)
+        for d in deliveries:
+            if hold and any(d.mut):
+                held.append(d)
             else:
-                deliver(delivery)
+                deliver(d)
         if held:
-            self.parked.append(Parked(turn_seq, trio.current_time() + self.replica_ack_timeout,
-                                      held))
-            self.release_parked()
+            self.awaiting_acks.append(AwaitingAcks(
+                turn_seq, trio.current_time() + self.replica_ack_timeout, held))
+            self.release_acked()
 
     # --- replica acknowledgements -------------------------------------------------------
 
@@ -364,25 +445,28 @@ class GroupCommit:
         feed = self.feeds.get(s.id)
         if feed is not None and seq > feed.acked:
             feed.acked = seq
-            self.release_parked()
+            self.release_acked()
 
-    def release_parked(self) -> None:
+    def release_acked(self) -> None:
+        """Send the held replies that enough replicas have acknowledged (also
+        when a replica left: fewer may now be enough, or none may come)."""
         acked = self.acked_seq()
-        while self.parked and self.parked[0].seq <= acked:
-            for delivery in self.parked.popleft().deliveries:
-                deliver(delivery)
+        q = self.awaiting_acks
+        while q and q[0].seq <= acked:
+            for d in q.popleft().deliveries:
+                deliver(d)
 
-    def expire_parked(self) -> None:
+    def expire_unacked(self) -> None:
+        """Answer NOT_REPLICATED for the changes no replica acknowledged in time."""
         now = trio.current_time()
-        while self.parked and self.parked[0].deadline <= now:
-            parked = self.parked.popleft()
+        q = self.awaiting_acks
+        while q and q[0].deadline <= now:
+            held = q.popleft()
             log.warning("no replica acknowledged seq %d in %.1fs: answering %s",
-                        parked.seq, self.replica_ack_timeout, p.NOT_REPLICATED.strip().decode())
-            for s, out, mut, done, closing in parked.deliveries:
-                was, out = out, [p.NOT_REPLICATED if m else reply
-                                 for reply, m in zip(out, mut, strict=True)]
-                recount(s, was, out)
-                deliver((s, out, mut, done, closing))
+                        held.seq, self.replica_ack_timeout, p.NOT_REPLICATED.strip().decode())
+            for d in held.deliveries:
+                deliver(d.answered_instead([p.NOT_REPLICATED if m else reply
+                                            for reply, m in zip(d.out, d.mut, strict=True)]))
 
     # --- disk errors --------------------------------------------------------------------
 
@@ -392,7 +476,7 @@ class GroupCommit:
         self.journal.discard()
         self.failed_until = trio.current_time() + RETRY_AFTER_FAILURE
         self.turn_payloads = []
-        for s in self.lp.touched.values():
+        for s in self.touched.values():
             errors = [p.INTERNAL_ERROR] * len(s.out)
             recount(s, s.out, errors)
             s.out[:] = errors
@@ -409,10 +493,9 @@ class GroupCommit:
             for box, done in turn.calls:
                 box[:] = [e]
                 done.set()
-            for _need, (s, out, _mut, done, closing) in turn.deliveries:
-                errors = [p.INTERNAL_ERROR] * len(out)
-                recount(s, out, errors)
-                deliver((s, errors, [False] * len(out), done, closing))
+            for _need, d in turn.deliveries:
+                errors = d.answered_instead([p.INTERNAL_ERROR] * len(d.out))
+                deliver(errors._replace(mut=[False] * len(d.out)))
         self._reload_state()
 
     def reload_if_stale(self) -> bool:
@@ -425,31 +508,12 @@ class GroupCommit:
 
     def _reload_state(self) -> None:
         """Back to exactly what the data directory holds, after a disk error."""
-        from smallstalk.storage.recovery import (
-            recover,  # late: recovery is only needed on this path
-        )
-
-        lp = self.lp
-        old = lp.bodies
-        lp.bodies = old.fresh() if old is not None else None
-        try:
-            lp.state = recover(lp.data_dir, repair=False, bodies=lp.bodies).state
-        except OSError as e:
-            # The disk cannot be read either: no records until it can (reload_if_stale).
-            log.error("could not read the state back after a disk error: %s", e)
-            if lp.bodies is not None:
-                lp.bodies.close()
-            lp.bodies = old
-            self.stale = True
+        if not self.owner.reload_from_disk():
+            self.stale = True  # no records until it can be read (reload_if_stale)
             return
         self.stale = False
-        if old is not None:
-            old.close()  # the references of the state we dropped
         # What was staged and not acknowledged is gone, and its seqs come again.
-        self.must_sync = lp.state.last_seq
+        self.must_sync = self.owner.state.last_seq
         self.put_ids, self.put_seqs, self.kick_seq = [], [], 0
-        for s in lp.sessions.values():
+        for s in self.owner.sessions.values():
             s.need = 0
-            lp.volatile(r.Connect, s.id)
-            if s.blocked:
-                lp.volatile(r.WaitStart, s.id, s.wait_deadline)

@@ -19,8 +19,8 @@ Where there is no epoll, or the stream has no fd of its own (TLS), a
 connection has two tasks instead: one reads, one sends (`serve_connection`).
 
 So a command costs a read, a parse and a share of one poller wake-up and one
-loop turn: no task switch of its own (docs/ARCHITECTURE.md, "The life of a
-command", says what a reader task per connection cost).
+loop turn: no task switch of its own (docs/PERFORMANCE.md, "Measured choices
+the code refers to", says what a reader task per connection cost).
 
 Backpressure: reading stops while more than MAX_QUEUED_BYTES of its commands
 wait in the loop (each counted as its bytes plus COMMAND_COST: a read of
@@ -92,14 +92,16 @@ class _Connection:
     )
 
     def __init__(self, lp: MutationLoop, sock, stream: trio.abc.Stream | None,
-                 max_job_size: int, poller: Poller | None):
+                 max_job_size: int, poller: Poller | None, dialect=None):
         self.lp = lp
         self.sock = sock  # a trio socket (the polled path), or None
         self.stream = stream  # made on first use on the polled path (a full socket, a feed)
         self.fd = sock.fileno() if sock is not None else -1
         # None: this connection's tasks read for themselves (no epoll, or no fd).
         self.poller = poller if self.fd >= 0 else None
-        self.parser = Parser(max_job_size)
+        # Another protocol's connection (a listener's `dialect()`, e.g. the
+        # memcache port's) brings its own parser and session side.
+        self.parser = Parser(max_job_size) if dialect is None else dialect.parser(max_job_size)
         # Input bytes that became commands, for backpressure: all bytes read
         # minus what the parser still holds, counted once per submitted batch.
         self.read_bytes = 0
@@ -119,7 +121,8 @@ class _Connection:
         self.woken = False
         self.room = None  # the streamed path's reader waits on it for the backlog to shrink
         self.slow_logged = False
-        self.session = lp.open_session(self.deliver, *peer_of(sock if sock is not None else stream))
+        self.session = lp.open_session(self.deliver, *peer_of(sock if sock is not None else stream),
+                                       dialect=dialect)
 
     # --- called by the loop (synchronously, at the end of a turn) -----------------
 
@@ -349,14 +352,14 @@ def peer_of(stream) -> tuple[str | None, str]:
 
 
 async def serve_connection(lp: MutationLoop, stream: trio.abc.Stream, max_job_size: int,
-                           poller: Poller | None = None) -> None:
+                           poller: Poller | None = None, dialect=None) -> None:
     """Serve one connection given as a stream (two tasks; a SocketStream
     with a poller is read by the poller, as `serve_socket` does)."""
     sock = getattr(stream, "socket", None)
     if poller is not None and sock is not None:
-        await _Connection(lp, sock, None, max_job_size, poller).serve_polled()
+        await _Connection(lp, sock, None, max_job_size, poller, dialect).serve_polled()
         return
-    conn = _Connection(lp, None, stream, max_job_size, None)
+    conn = _Connection(lp, None, stream, max_job_size, None, dialect)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(conn.reader)
@@ -403,7 +406,9 @@ async def serve_listeners(lp: MutationLoop, listeners, max_job_size: int,
                           handshake_timeout: float = tls.HANDSHAKE_TIMEOUT,
                           max_connections: int = 0) -> None:
     """Accept on every listener and serve each connection (max_connections 0: the
-    default limit); a TLS listener's clients shake hands first (tls.py)."""
+    default limit); a TLS listener's clients shake hands first (tls.py); a
+    listener with a `dialect()` (server/memcache.py) makes each connection's
+    parser and session side."""
     poller = Poller(lp) if poller_mod.available() else None
     gate = Gate(max_connections or default_max_connections())
     async with trio.open_nursery() as nursery:
@@ -443,19 +448,21 @@ async def _accept(lp: MutationLoop, listener, max_job_size: int, poller: Poller 
             except OSError:
                 pass
         gate.open += 1
+        dialect = listener.dialect() if hasattr(listener, "dialect") else None
         if isinstance(listener, tls.Listener):
             nursery.start_soon(_serve_tls, lp, listener.stream(sock), max_job_size,
                                handshake_timeout, gate)
         elif poller is not None:
-            nursery.start_soon(_Connection(lp, sock, None, max_job_size, poller).serve_polled,
-                               gate)
+            nursery.start_soon(_Connection(lp, sock, None, max_job_size, poller,
+                                           dialect).serve_polled, gate)
         else:
-            nursery.start_soon(_serve_streamed, lp, sock, max_job_size, gate)
+            nursery.start_soon(_serve_streamed, lp, sock, max_job_size, gate, dialect)
 
 
-async def _serve_streamed(lp: MutationLoop, sock, max_job_size: int, gate: Gate) -> None:
+async def _serve_streamed(lp: MutationLoop, sock, max_job_size: int, gate: Gate,
+                          dialect=None) -> None:
     try:
-        await serve_connection(lp, trio.SocketStream(sock), max_job_size, None)
+        await serve_connection(lp, trio.SocketStream(sock), max_job_size, None, dialect)
     finally:
         gate.open -= 1
 
@@ -473,7 +480,7 @@ async def _serve_tls(lp: MutationLoop, stream: trio.SSLStream, max_job_size: int
 
 def _refuse(lp: MutationLoop, sock, gate: Gate) -> None:
     """One line saying why, then close: a client past --max-connections never hangs."""
-    lp.refused += 1
+    lp.count_refused()
     now = trio.current_time()
     if now - gate.logged_at >= 1.0:
         gate.logged_at = now

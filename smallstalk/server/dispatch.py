@@ -5,29 +5,23 @@ the loop, the connection's session and the parsed command. A handler either
 returns the reply bytes, or `BLOCK` when a reserve has to wait for a job.
 Every decision (the id a put gets, the job a reserve is granted, the jobs a
 kick moves) is made here against the current state and written into the
-record that `loop.log(...)` stages in the AOF and then applies.
+record that `loop.log(...)` stages in the AOF and then applies. The
+statistics commands read server/stats.py.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import resource
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from smallstalk import __version__
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import BURIED, DELAYED, NS, READY, RESERVED, State, body_len
-from smallstalk.core.stats import job_stats, tube_stats, tube_stats_ext
-from smallstalk.server.admin import AUTH_FAIL_DELAY, token_matches
-from smallstalk.server.policy import TubePolicy, render
-from smallstalk.server.session import OUT_BOUND
-
-if TYPE_CHECKING:
-    from smallstalk.server.loop import MutationLoop
-    from smallstalk.server.session import Session
-    from smallstalk.storage.journal import Journal
+from smallstalk.core.stats import job_stats, tube_stats
+from smallstalk.server import stats as server_stats
+from smallstalk.server.admin import AUTH_FAIL_DELAY, AdminPolicy, token_matches
+from smallstalk.server.policy import Policies, TubePolicy, render
+from smallstalk.server.session import Session
 
 log = logging.getLogger("smallstalk.server.dispatch")
 
@@ -35,11 +29,43 @@ BLOCK = object()  # the reserve waits; the loop answers it later
 CLOSE = object()  # quit: answer nothing more and close
 NOREPLY = object()  # a command that is not answered (a replica's ack)
 
-# The protocol version clients see (some parse it as a semver, e.g. fivebeans).
-VERSION = "1.12"
+
+class Loop(server_stats.Observed, Protocol):
+    """What the handlers read and call of the mutation loop (loop.MutationLoop):
+    the state to decide on, and the loop's named ways to change things."""
+
+    state: State
+    policies: Policies
+    admin: AdminPolicy
+    replication: object | None  # loop.Replication, installed by cli.py
+    read_only: str | None
+    extended_stats: bool
+
+    def count(self, name: str) -> None: ...
+
+    def count_tube(self, tube: str, name: str) -> None: ...
+
+    def take_job_id(self) -> int: ...
+
+    def burn_job_id(self) -> None: ...
+
+    def log(self, cls: type, *fields) -> r.Record: ...
+
+    def log_put(self, conn: int, job_id: int, tube: str, pri: int, delay: int, ttr: int,
+                body: bytes) -> None: ...
+
+    def volatile(self, cls: type, *fields) -> None: ...
+
+    def body_of(self, job) -> bytes: ...
+
+    def answer_later(self, s: Session, reply: bytes, seconds: float) -> None: ...
+
+    def replica_acked(self, s: Session, seq: int) -> None: ...
+
+    def reload_config(self) -> str | None: ...
 
 
-def put(lp: MutationLoop, s: Session, cmd: p.Put):
+def put(lp: Loop, s: Session, cmd: p.Put):
     lp.count("cmd-put")
     s.producer = True
     if lp.draining:
@@ -56,7 +82,7 @@ def put(lp: MutationLoop, s: Session, cmd: p.Put):
     return _put_with_policy(lp, s, cmd, tube, pol, children or [])
 
 
-def _put_with_policy(lp: MutationLoop, s: Session, cmd: p.Put, tube: str, pol: TubePolicy,
+def _put_with_policy(lp: Loop, s: Session, cmd: p.Put, tube: str, pol: TubePolicy,
                      children: list[str]):
     """A put that limits, expiry or fanout touch: one PutJobs record, or a refusal."""
     st = lp.state
@@ -108,7 +134,7 @@ def _make_room(st: State, tube: str, pol: TubePolicy, size: int, dropped: list[i
     return True
 
 
-def reserve(lp: MutationLoop, s: Session, cmd: p.Reserve):
+def reserve(lp: Loop, s: Session, cmd: p.Reserve):
     lp.count("cmd-reserve" if cmd.timeout is None else "cmd-reserve-with-timeout")
     s.worker = True
     st = lp.state
@@ -128,7 +154,7 @@ def reserve(lp: MutationLoop, s: Session, cmd: p.Reserve):
     return BLOCK
 
 
-def reserve_job(lp: MutationLoop, s: Session, cmd: p.ReserveJob):
+def reserve_job(lp: Loop, s: Session, cmd: p.ReserveJob):
     lp.count("cmd-reserve-job")
     job = lp.state.jobs.get(cmd.id)
     if job is None or job.state == RESERVED:
@@ -138,7 +164,7 @@ def reserve_job(lp: MutationLoop, s: Session, cmd: p.ReserveJob):
     return p.reserved(job.id, lp.body_of(job))
 
 
-def delete(lp: MutationLoop, s: Session, cmd: p.Delete):
+def delete(lp: Loop, s: Session, cmd: p.Delete):
     lp.count("cmd-delete")
     job = lp.state.jobs.get(cmd.id)
     if job is None or (job.state == RESERVED and job.reserver != s.id):
@@ -147,14 +173,14 @@ def delete(lp: MutationLoop, s: Session, cmd: p.Delete):
     return p.DELETED
 
 
-def _reserved_by(lp: MutationLoop, s: Session, job_id: int):
+def _reserved_by(lp: Loop, s: Session, job_id: int):
     job = lp.state.jobs.get(job_id)
     if job is None or job.state != RESERVED or job.reserver != s.id:
         return None
     return job
 
 
-def release(lp: MutationLoop, s: Session, cmd: p.Release):
+def release(lp: Loop, s: Session, cmd: p.Release):
     lp.count("cmd-release")
     if _reserved_by(lp, s, cmd.id) is None:
         return p.NOT_FOUND
@@ -162,7 +188,7 @@ def release(lp: MutationLoop, s: Session, cmd: p.Release):
     return p.RELEASED
 
 
-def bury(lp: MutationLoop, s: Session, cmd: p.Bury):
+def bury(lp: Loop, s: Session, cmd: p.Bury):
     lp.count("cmd-bury")
     if _reserved_by(lp, s, cmd.id) is None:
         return p.NOT_FOUND
@@ -170,7 +196,7 @@ def bury(lp: MutationLoop, s: Session, cmd: p.Bury):
     return p.BURIED
 
 
-def touch(lp: MutationLoop, s: Session, cmd: p.Touch):
+def touch(lp: Loop, s: Session, cmd: p.Touch):
     lp.count("cmd-touch")
     if _reserved_by(lp, s, cmd.id) is None:
         return p.NOT_FOUND
@@ -178,11 +204,11 @@ def touch(lp: MutationLoop, s: Session, cmd: p.Touch):
     return p.TOUCHED
 
 
-def _used(lp: MutationLoop, s: Session) -> str:
+def _used(lp: Loop, s: Session) -> str:
     return s.view_use or lp.state.use_of(s.id)
 
 
-def use(lp: MutationLoop, s: Session, cmd: p.Use):
+def use(lp: Loop, s: Session, cmd: p.Use):
     lp.count("cmd-use")
     if lp.read_only:
         # A replica takes no records from clients: `use` only aims this
@@ -193,14 +219,14 @@ def use(lp: MutationLoop, s: Session, cmd: p.Use):
     return p.using(cmd.tube)
 
 
-def watch(lp: MutationLoop, s: Session, cmd: p.Watch):
+def watch(lp: Loop, s: Session, cmd: p.Watch):
     lp.count("cmd-watch")
     if cmd.tube not in lp.state.watch_of(s.id):
         lp.log(r.Watch, s.id, cmd.tube)
     return p.watching(len(lp.state.watch_of(s.id)))
 
 
-def ignore(lp: MutationLoop, s: Session, cmd: p.Ignore):
+def ignore(lp: Loop, s: Session, cmd: p.Ignore):
     lp.count("cmd-ignore")
     watched = lp.state.watch_of(s.id)
     if cmd.tube in watched:
@@ -210,31 +236,31 @@ def ignore(lp: MutationLoop, s: Session, cmd: p.Ignore):
     return p.watching(len(lp.state.watch_of(s.id)))
 
 
-def _found(lp: MutationLoop, job):
+def _found(lp: Loop, job):
     return p.NOT_FOUND if job is None else p.found(job.id, lp.body_of(job))
 
 
-def peek(lp: MutationLoop, s: Session, cmd: p.Peek):
+def peek(lp: Loop, s: Session, cmd: p.Peek):
     lp.count("cmd-peek")
     return _found(lp, lp.state.jobs.get(cmd.id))
 
 
-def peek_ready(lp: MutationLoop, s: Session, cmd: p.PeekReady):
+def peek_ready(lp: Loop, s: Session, cmd: p.PeekReady):
     lp.count("cmd-peek-ready")
     return _found(lp, lp.state.peek_ready(_used(lp, s)))
 
 
-def peek_delayed(lp: MutationLoop, s: Session, cmd: p.PeekDelayed):
+def peek_delayed(lp: Loop, s: Session, cmd: p.PeekDelayed):
     lp.count("cmd-peek-delayed")
     return _found(lp, lp.state.peek_delayed(_used(lp, s)))
 
 
-def peek_buried(lp: MutationLoop, s: Session, cmd: p.PeekBuried):
+def peek_buried(lp: Loop, s: Session, cmd: p.PeekBuried):
     lp.count("cmd-peek-buried")
     return _found(lp, lp.state.peek_buried(_used(lp, s)))
 
 
-def kick(lp: MutationLoop, s: Session, cmd: p.Kick):
+def kick(lp: Loop, s: Session, cmd: p.Kick):
     lp.count("cmd-kick")
     ids = lp.state.kickable(lp.state.use_of(s.id), cmd.bound)
     if ids:
@@ -242,7 +268,7 @@ def kick(lp: MutationLoop, s: Session, cmd: p.Kick):
     return p.kicked(len(ids))
 
 
-def kick_job(lp: MutationLoop, s: Session, cmd: p.KickJob):
+def kick_job(lp: Loop, s: Session, cmd: p.KickJob):
     lp.count("cmd-kick-job")
     job = lp.state.jobs.get(cmd.id)
     if job is None or job.state not in (BURIED, DELAYED):
@@ -251,7 +277,7 @@ def kick_job(lp: MutationLoop, s: Session, cmd: p.KickJob):
     return p.KICKED
 
 
-def stats_job(lp: MutationLoop, s: Session, cmd: p.StatsJob):
+def stats_job(lp: Loop, s: Session, cmd: p.StatsJob):
     lp.count("cmd-stats-job")
     job = lp.state.jobs.get(cmd.id)
     if job is None:
@@ -259,60 +285,51 @@ def stats_job(lp: MutationLoop, s: Session, cmd: p.StatsJob):
     return p.yaml_dict(job_stats(job, lp.now))
 
 
-def stats_tube(lp: MutationLoop, s: Session, cmd: p.StatsTube):
+def stats_tube(lp: Loop, s: Session, cmd: p.StatsTube):
     lp.count("cmd-stats-tube")
     tube = lp.state.tubes.get(cmd.tube)
     if tube is None:
         return p.NOT_FOUND
     pairs = tube_stats(tube, lp.now)
     if lp.extended_stats:
-        pairs += tube_stats_extended(lp, cmd.tube)
+        pairs += server_stats.tube_stats_extended(lp, cmd.tube)
     return p.yaml_dict(pairs)
 
 
-def tube_stats_extended(lp: MutationLoop, name: str) -> list[tuple[str, object]]:
-    """smallstalk's own keys of a tube (`ext-stats-tube`; `stats-tube` too
-    under --extended-stats); the tube exists."""
-    counters = lp.tube_counters.get(name, {})
-    return tube_stats_ext(lp.state.tubes[name]) + [
-        ("puts-refused", counters.get("puts-refused", 0)),
-        ("fanout-tubes", len(lp.state.fanout.get(name, ())))]
-
-
-def stats(lp: MutationLoop, s: Session, cmd: p.Stats):
+def stats(lp: Loop, s: Session, cmd: p.Stats):
     lp.count("cmd-stats")
-    pairs = beanstalkd_stats(lp)
+    pairs = server_stats.beanstalkd_stats(lp)
     if lp.extended_stats:
-        pairs += extended_stats(lp)
+        pairs += server_stats.extended_stats(lp)
     return p.yaml_dict(pairs)
 
 
-def ext_stats(lp: MutationLoop, s: Session, cmd: p.ExtStats):
-    return p.yaml_dict(extended_stats(lp))
+def ext_stats(lp: Loop, s: Session, cmd: p.ExtStats):
+    return p.yaml_dict(server_stats.extended_stats(lp))
 
 
-def ext_stats_tube(lp: MutationLoop, s: Session, cmd: p.ExtStatsTube):
+def ext_stats_tube(lp: Loop, s: Session, cmd: p.ExtStatsTube):
     if cmd.tube not in lp.state.tubes:
         return p.NOT_FOUND
-    return p.yaml_dict(tube_stats_extended(lp, cmd.tube))
+    return p.yaml_dict(server_stats.tube_stats_extended(lp, cmd.tube))
 
 
-def list_tubes(lp: MutationLoop, s: Session, cmd: p.ListTubes):
+def list_tubes(lp: Loop, s: Session, cmd: p.ListTubes):
     lp.count("cmd-list-tubes")
     return p.yaml_list(lp.state.tube_order)
 
 
-def list_tube_used(lp: MutationLoop, s: Session, cmd: p.ListTubeUsed):
+def list_tube_used(lp: Loop, s: Session, cmd: p.ListTubeUsed):
     lp.count("cmd-list-tube-used")
     return p.using(_used(lp, s))
 
 
-def list_tubes_watched(lp: MutationLoop, s: Session, cmd: p.ListTubesWatched):
+def list_tubes_watched(lp: Loop, s: Session, cmd: p.ListTubesWatched):
     lp.count("cmd-list-tubes-watched")
     return p.yaml_list(lp.state.watch_of(s.id))
 
 
-def pause_tube(lp: MutationLoop, s: Session, cmd: p.PauseTube):
+def pause_tube(lp: Loop, s: Session, cmd: p.PauseTube):
     lp.count("cmd-pause-tube")
     if cmd.tube not in lp.state.tubes:
         return p.NOT_FOUND
@@ -320,28 +337,28 @@ def pause_tube(lp: MutationLoop, s: Session, cmd: p.PauseTube):
     return p.PAUSED
 
 
-def quit_(lp: MutationLoop, s: Session, cmd: p.Quit):
+def quit_(lp: Loop, s: Session, cmd: p.Quit):
     return CLOSE
 
 
-def replicate(lp: MutationLoop, s: Session, cmd: p.Replicate):
+def replicate(lp: Loop, s: Session, cmd: p.Replicate):
     if lp.replication is None:  # a loop started without cli.py's hooks
         return p.refused(b"this server cannot feed replicas")
     return lp.replication.start_feed(lp, s, cmd)
 
 
-def replica_ack(lp: MutationLoop, s: Session, cmd: p.ReplicaAck):
-    lp.commit.replica_acked(s, cmd.seq)
+def replica_ack(lp: Loop, s: Session, cmd: p.ReplicaAck):
+    lp.replica_acked(s, cmd.seq)
     return NOREPLY
 
 
-def promote(lp: MutationLoop, s: Session, cmd: p.PromoteReplica):
+def promote(lp: Loop, s: Session, cmd: p.PromoteReplica):
     if lp.role != "replica" or lp.replication is None:
         return p.NOT_A_REPLICA
     return p.promoted(lp.replication.promote(lp))
 
 
-def delete_tube(lp: MutationLoop, s: Session, cmd: p.DeleteTube):
+def delete_tube(lp: Loop, s: Session, cmd: p.DeleteTube):
     lp.count("cmd-delete-tube")
     if not lp.state.is_fanout_tube(cmd.tube):
         return p.NOT_FOUND
@@ -352,13 +369,13 @@ def delete_tube(lp: MutationLoop, s: Session, cmd: p.DeleteTube):
 _LIST_STATES = {"ready": READY, "delayed": DELAYED, "buried": BURIED, "reserved": RESERVED}
 
 
-def list_jobs(lp: MutationLoop, s: Session, cmd: p.ListJobs):
+def list_jobs(lp: Loop, s: Session, cmd: p.ListJobs):
     lp.count("cmd-list-jobs")
     ids = lp.state.list_jobs(cmd.tube, _LIST_STATES[cmd.state], cmd.after, cmd.count)
     return p.yaml_list(map(str, ids))
 
 
-def flush_tube(lp: MutationLoop, s: Session, cmd: p.FlushTube):
+def flush_tube(lp: Loop, s: Session, cmd: p.FlushTube):
     lp.count("cmd-flush-tube")
     st = lp.state
     if cmd.tube not in st.tubes:
@@ -370,13 +387,13 @@ def flush_tube(lp: MutationLoop, s: Session, cmd: p.FlushTube):
     return p.flushed(len(ids))
 
 
-def config(lp: MutationLoop, s: Session, cmd: p.ConfigDump):
+def config(lp: Loop, s: Session, cmd: p.ConfigDump):
     lp.count("cmd-config")
     body = render(lp.policies.dump(list(lp.state.tube_order)))
     return p.ok_yaml(body)
 
 
-def reload_config(lp: MutationLoop, s: Session, cmd: p.ReloadConfig):
+def reload_config(lp: Loop, s: Session, cmd: p.ReloadConfig):
     lp.count("cmd-reload-config")
     err = lp.reload_config()
     if err is None:
@@ -384,7 +401,7 @@ def reload_config(lp: MutationLoop, s: Session, cmd: p.ReloadConfig):
     return p.not_reloaded(err)
 
 
-def auth(lp: MutationLoop, s: Session, cmd: p.Auth):
+def auth(lp: Loop, s: Session, cmd: p.Auth):
     token = lp.admin.token
     if token is not None and token_matches(cmd.token, token):
         s.admin = True
@@ -392,11 +409,11 @@ def auth(lp: MutationLoop, s: Session, cmd: p.Auth):
     # Never the token itself in the log: it may be the real one mistyped.
     log.warning("auth failed: wrong admin token from %s (%s)%s", s.peer or "-", s.transport,
                 "" if token is not None else ": this server has no --admin-token-file")
-    lp.park(s, p.UNAUTHORIZED, AUTH_FAIL_DELAY)
+    lp.answer_later(s, p.UNAUTHORIZED, AUTH_FAIL_DELAY)
     return NOREPLY
 
 
-def error(lp: MutationLoop, s: Session, ev: p.ErrorReply):
+def error(lp: Loop, s: Session, ev: p.ErrorReply):
     if ev.counted_as is p.Put:
         lp.count("cmd-put")
         if ev.reply is p.EXPECTED_CRLF:
@@ -437,7 +454,7 @@ ADMIN = frozenset({
 
 
 def _admin_only(handler):
-    def guarded(lp: MutationLoop, s: Session, cmd):
+    def guarded(lp: Loop, s: Session, cmd):
         if s.admin:
             return handler(lp, s, cmd)
         if lp.admin.token is not None:
@@ -449,98 +466,11 @@ def _admin_only(handler):
 for _cmd in ADMIN:
     HANDLERS[_cmd] = _admin_only(HANDLERS[_cmd])
 
-STATS_COUNTERS = (
-    "cmd-put", "cmd-peek", "cmd-peek-ready", "cmd-peek-delayed", "cmd-peek-buried",
-    "cmd-reserve", "cmd-reserve-with-timeout", "cmd-delete", "cmd-release", "cmd-use",
-    "cmd-watch", "cmd-ignore", "cmd-bury", "cmd-kick", "cmd-touch", "cmd-stats",
-    "cmd-stats-job", "cmd-stats-tube", "cmd-list-tubes", "cmd-list-tube-used",
-    "cmd-list-tubes-watched", "cmd-pause-tube",
-)
 
-
-def server_stats(lp: MutationLoop) -> list[tuple[str, object]]:
-    """Every server statistic: beanstalkd's keys in its order, then smallstalk's own
-    (the console and /metrics read them all)."""
-    return beanstalkd_stats(lp) + extended_stats(lp)
-
-
-def beanstalkd_stats(lp: MutationLoop) -> list[tuple[str, object]]:
-    """`stats`: exactly beanstalkd 1.12's keys, in its order."""
-    st = lp.state
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    uname = os.uname()
-    sessions = lp.sessions.values()
-    info = _storage_info(lp.journal)
-    out: list[tuple[str, object]] = [
-        ("current-jobs-urgent", st.urgent_n), ("current-jobs-ready", st.ready_n),
-        ("current-jobs-reserved", st.reserved_n), ("current-jobs-delayed", st.delayed_n),
-        ("current-jobs-buried", st.buried_n),
-    ]
-    out += [(name, lp.counters.get(name, 0)) for name in STATS_COUNTERS]
-    out += [
-        ("job-timeouts", st.job_timeouts), ("total-jobs", st.total_jobs),
-        ("max-job-size", lp.max_job_size), ("current-tubes", len(st.tubes)),
-        ("current-connections", len(lp.sessions)),
-        ("current-producers", sum(1 for x in sessions if x.producer)),
-        ("current-workers", sum(1 for x in sessions if x.worker)),
-        ("current-waiting", st.waiting_n), ("total-connections", lp.total_connections),
-        ("pid", os.getpid()), ("version", VERSION),
-        ("rusage-utime", _tv(ru.ru_utime)), ("rusage-stime", _tv(ru.ru_stime)),
-        ("uptime", (lp.now - lp.started_at) // NS),
-        ("binlog-oldest-index", info["oldest"]), ("binlog-current-index", info["current"]),
-        ("binlog-records-migrated", info["migrated"]),
-        ("binlog-records-written", info["written"]), ("binlog-max-size", info["max_size"]),
-        ("draining", lp.draining), ("id", lp.instance_id.encode()),
-        ("hostname", uname.nodename.encode()), ("os", uname.version.encode()),
-        ("platform", uname.machine.encode()),
-    ]
-    return out
-
-
-def extended_stats(lp: MutationLoop) -> list[tuple[str, object]]:
-    """smallstalk's own server keys (`ext-stats`; `stats` too under --extended-stats)."""
-    st = lp.state
-    epoch, history = st.epoch
-    out: list[tuple[str, object]] = []
-    out += [("smallstalk-version", __version__),
-            ("role", lp.role.encode()), ("last-seq", st.last_seq), ("epoch", epoch),
-            ("history", history or "-")]  # quoted: an all-digit id must stay a string
-    bodies = lp.bodies  # read-behind (bodies.py)
-    out += [("max-memory", bodies.max_memory if bodies is not None else 0),
-            ("bytes-in-memory", st.body_bytes - st.spilled_bytes),
-            ("bytes-on-disk", st.spilled_bytes),
-            ("body-reads", bodies.reads if bodies is not None else 0),
-            ("current-connections-throttled",
-             sum(1 for x in lp.sessions.values() if x.owed > OUT_BOUND)),
-            ("connections-refused", lp.refused)]
-    if lp.role == "replica" and lp.follower is not None:
-        out += lp.follower.stats(st)
-    else:
-        acked = max((f.acked for f in lp.feeds.values()), default=0)
-        out += [("replicas", len(lp.feeds)), ("replica-acked-seq", acked),
-                ("min-replica-acks", lp.commit.min_replica_acks)]
-    return out
-
-
-def _storage_info(j: Journal | None) -> dict:
-    """The binlog keys of `stats`: what the AOF holds."""
-    if j is None:  # beanstalkd shows its default file size even without -b
-        return {"oldest": 0, "current": 0, "migrated": 0, "written": 0,
-                "max_size": 10 << 20}
-    try:
-        closed = j.closed_segments()
-    except OSError:  # the disk is failing: stats still answers, from memory
-        closed = []
-    oldest = int(closed[0].stem) if closed else j.segment.first_seq
-    return {
-        "oldest": oldest, "current": j.segment.first_seq,
-        # beanstalkd's count of records copied by its compaction; ours folds
-        # into snapshots and copies none.
-        "migrated": 0, "written": j.records_written,
-        "max_size": j.segment_bytes,
-    }
-
-
-def _tv(seconds: float) -> bytes:
-    whole = int(seconds)
-    return b"%d.%06d" % (whole, int(round((seconds - whole) * 1e6)) % 1000000)
+def register(handlers: dict) -> None:
+    """Handlers of another protocol's commands (server/memcache_dispatch.py), by
+    command class; each checks its own admin rights and read-only state."""
+    clash = set(handlers) & set(HANDLERS)
+    if clash:
+        raise ValueError(f"commands handled already: {sorted(c.__name__ for c in clash)}")
+    HANDLERS.update(handlers)

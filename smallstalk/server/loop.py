@@ -10,7 +10,7 @@ connections read by their own tasks), and one turn runs at a time. Each turn:
 1. takes every item waiting in its inbox (commands, end-of-input, close);
 2. runs each session's commands in order through `dispatch`, which logs a
    record per change: the record is staged in the AOF's buffer (commit.py),
-   *then* applied to the state; a reserve with nothing to take parks the session;
+   *then* applied to the state; a reserve with nothing to take blocks the session;
 3. runs the timers (timers.py): delayed jobs whose time came, reservations
    whose TTR ran out, waiting reserves to grant, to time out, or to warn;
 4. commits the AOF once for the whole turn and only then sends every session
@@ -117,11 +117,6 @@ class MutationLoop:
         self._waits_turn = False  # it sleeps until a running turn ends
         self._turning = False  # a turn is running (it may await: one at a time)
         self.batching = False
-        self.touched: dict[int, Session] = {}  # sessions with replies this turn
-        # ...of which these were granted a job: their replies go out first (a
-        # waiting worker gets its job before the producer hears INSERTED, as
-        # in beanstalkd; the hand-off is the latency a user feels).
-        self.granted: list[Session] = []
         # Sessions that used up their slice of a turn with commands left: they
         # go on next turn, which starts without waiting for input.
         self.runnable: dict[int, Session] = {}
@@ -135,22 +130,26 @@ class MutationLoop:
         self.policies = Policies()
         self.config_path: Path | None = None
         self.bodies = None  # the read-behind body store (bodies.py), when there is a budget
-        self.commit = GroupCommit(self, journal, min_replica_acks, replica_ack_timeout)
+        self.commit = GroupCommit(self, journal, self.feeds, min_replica_acks,
+                                  replica_ack_timeout)
         self.admin = AdminPolicy()  # the admin token and addresses (cli.py sets them)
         self.extended_stats = False  # --extended-stats: stats, stats-tube carry ours too
-        self.parked: list[tuple[float, int, Session, bytes]] = []  # heap: (due, id, s, reply)
+        # Replies answered later by a timer (a failed `auth`): a heap of
+        # (trio time due, session id, session, reply).
+        self.deferred: list[tuple[float, int, Session, bytes]] = []
 
     # --- the connection side (called from connection tasks) ----------------------
 
     def open_session(self, deliver: Callable, peer: str | None = None,
-                     transport: str = "local") -> Session:
+                     transport: str = "local", dialect=None) -> Session:
         """A new connection's session; `peer` and `transport` decide whether it
-        may run admin commands without `auth` (server/admin.py)."""
+        may run admin commands without `auth` (server/admin.py); `dialect`:
+        another protocol's (Session.dialect)."""
         sid = self._next_conn
         if self.role == "replica" and sid < REPLICA_SESSIONS:
             sid = REPLICA_SESSIONS
         self._next_conn = sid + 1
-        s = Session(sid, deliver, self._resume_cb, peer, transport)
+        s = Session(sid, deliver, self._resume_cb, peer, transport, dialect)
         s.admin = self.admin.trusts(peer, transport)
         self._post(("open", s))
         return s
@@ -207,6 +206,81 @@ class MutationLoop:
         log.info("tube policies reloaded from %s", self.config_path)
         return None
 
+    def configure(self, *, policies: Policies, config_path: Path | None, admin: AdminPolicy,
+                  extended_stats: bool, replication: Replication | None) -> None:
+        """The settings cli.py starts the loop with (before its first turn)."""
+        self.policies = policies
+        self.config_path = config_path
+        self.admin = admin
+        self.extended_stats = extended_stats
+        self.replication = replication
+
+    def start_draining(self) -> None:
+        """From now on refuse new jobs (SIGUSR1, as beanstalkd)."""
+        self.draining = True
+
+    def count_refused(self) -> None:
+        """A connection was turned away past --max-connections."""
+        self.refused += 1
+
+    # --- role and state, as replication and the commit change them ----------------
+
+    def become_replica(self, follower: object) -> None:
+        """Follow a primary through `follower`: clients may not change state."""
+        self.role, self.follower = "replica", follower
+        self.read_only = "replica"
+
+    def become_primary(self) -> None:
+        """Take changes from clients (a promotion); the follower is stopped already."""
+        self.role, self.follower = "primary", None
+        self.read_only = None
+
+    def replace_state(self, state: State, bodies=None) -> None:
+        """Serve `state` from now on: a read-back after a disk error, a
+        replica's install of its primary's snapshot. `bodies` is the body
+        store the new state's spilled bodies live in (the old one is closed);
+        the connections, and the waits of blocked reserves, carry over."""
+        old = self.bodies
+        self.state = state
+        if bodies is not None:
+            self.use_bodies(bodies)
+        if old is not None and old is not bodies:
+            old.close()  # the references of the state we dropped
+        for s in self.sessions.values():
+            self.volatile(r.Connect, s.id)
+            if s.blocked and not s.deferred:
+                self.volatile(r.WaitStart, s.id, s.wait_deadline)
+
+    def reload_from_disk(self) -> bool:
+        """After a disk error: back to exactly what the data directory holds
+        (what was acknowledged). False if it cannot be read: nothing changes."""
+        from smallstalk.storage.recovery import (
+            recover,  # late: recovery is only needed on this path
+        )
+
+        fresh = self.bodies.fresh() if self.bodies is not None else None
+        try:
+            state = recover(self.data_dir, repair=False, bodies=fresh).state
+        except OSError as e:
+            log.error("could not read the state back after a disk error: %s", e)
+            if fresh is not None:
+                fresh.close()
+            return False
+        self.replace_state(state, fresh)
+        return True
+
+    def has_leftover(self) -> bool:
+        """Some session used up its slice with commands left (the next turn runs them)."""
+        return bool(self.runnable)
+
+    @property
+    def min_replica_acks(self) -> int:
+        return self.commit.min_replica_acks
+
+    def replica_acked(self, s: Session, seq: int) -> None:
+        """The replica fed on `s`'s connection has `seq` on disk."""
+        self.commit.replica_acked(s, seq)
+
     # --- what handlers call -----------------------------------------------------
 
     def take_job_id(self) -> int:
@@ -232,8 +306,8 @@ class MutationLoop:
         j = self.journal
         if j is not None:
             c = self.commit
-            if c.failed_until and trio.current_time() < c.failed_until or not c.reload_if_stale():
-                raise Unavailable("the AOF failed recently")
+            if c.failed_until or c.stale:  # the common case costs no call
+                c.check_available()
             rec = cls(j.take_seq(), self.now, *fields)
             c.stage(rec)
         else:
@@ -262,13 +336,8 @@ class MutationLoop:
             return
         seq = j.take_seq()
         now = self.now
-        payload = r.encode_put(seq, now, conn, job_id, tube, pri, delay, ttr, body)
-        j.append_payload(payload, seq)
-        c.must_sync = seq
-        if c.track_needs:
-            c.put_ids.append(job_id)
-            c.put_seqs.append(seq)
-        c.turn_payloads.append((seq, payload))  # also without feeds: see commit.stage
+        c.stage_put(r.encode_put(seq, now, conn, job_id, tube, pri, delay, ttr, body), seq,
+                    job_id)
         self.state.apply_put(seq, now, conn, job_id, tube, pri, delay, ttr, body)
 
     def apply_replicated(self, records: list) -> None:
@@ -330,15 +399,10 @@ class MutationLoop:
             task_status.started()
             await self._run_turns()
             return
-        syncer = j.start_syncer()
-        self.commit.track_needs = True
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.commit.watch_syncs, syncer.done_fd)
-                task_status.started()
-                await self._run_turns()
-        finally:
-            j.stop_syncer()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.commit.run_fsync_thread)
+            task_status.started()
+            await self._run_turns()
 
     async def _run_turns(self) -> None:
         inbox = self._inbox
@@ -422,7 +486,7 @@ class MutationLoop:
         self.now = self.clock()
         c = self.commit
         calls: list[tuple[list, trio.Event]] = []
-        c.turn_seq0 = self.state.last_seq
+        c.begin_turn()
         # Each session runs at most one slice per turn: those left over from
         # the last turn run after the batch, not also in it.
         runnable, self.runnable = self.runnable, {}
@@ -445,7 +509,7 @@ class MutationLoop:
                 self.volatile(r.Connect, s.id)
             elif kind == "eof":
                 s.halfclosed = True
-                if s.blocked and not s.parked:
+                if s.blocked and not s.deferred:
                     self.answer_wait(s, p.TIMED_OUT)
             elif kind == "close":
                 self._close(s)
@@ -472,10 +536,10 @@ class MutationLoop:
     def _run(self, s: Session) -> None:
         """Run a session's pending commands in order until one blocks, its
         slice of the turn is used up, or too many of its replies are unsent."""
-        self.touched[s.id] = s
+        c = self.commit
+        c.touch(s)
         handlers = dispatch.HANDLERS
         st = self.state
-        c = self.commit
         track = c.track_needs
         owed = s.owed
         # Stop past OUT_BOUND unsent, or past this turn's slice: checked
@@ -486,8 +550,8 @@ class MutationLoop:
             left -= 1
             cmd = s.pending.popleft()
             seq0 = st.last_seq
-            must0 = c.must_sync
-            c.revealed = None
+            if track:
+                must0 = c.begin_command()
             try:
                 if self.read_only and type(cmd) in dispatch.MUTATING:
                     raise ReadOnly(self.read_only)
@@ -524,41 +588,45 @@ class MutationLoop:
                 s.pending_bytes = 0
             s.pending = ()
 
-    def answer_wait(self, s: Session, reply: bytes) -> None:
-        """End the wait of `s`'s reserve with `reply`; run what it held up."""
-        must_sync = self.commit.must_sync
-        if must_sync > s.need:
-            s.need = must_sync
-        self.volatile(r.WaitStop, s.id)
+    def _answer(self, s: Session, reply: bytes, logged: bool = False) -> None:
+        """End `s`'s wait (a reserve, a deferred reply) with `reply`, queued
+        and counted like any reply (`logged`: its command logged a record),
+        and run the commands the wait held up."""
         s.blocked = False
         s.out.append(reply)
-        s.out_mut.append(False)
+        s.out_mut.append(logged)
         s.owed += len(reply)
         self._run(s)
 
-    def park(self, s: Session, reply: bytes, seconds: float) -> None:
+    def answer_wait(self, s: Session, reply: bytes) -> None:
+        """End the wait of `s`'s reserve with `reply` (TIMED_OUT, DEADLINE_SOON)."""
+        self.commit.note_seen(s)
+        self.volatile(r.WaitStop, s.id)
+        if s.dialect is not None:
+            reply = s.dialect.wait_ended(reply)
+        self._answer(s, reply)
+
+    def answer_later(self, s: Session, reply: bytes, seconds: float) -> None:
         """Answer `s` with `reply` after `seconds` (timers.py), running nothing
         of it meanwhile; the loop goes on with everyone else."""
-        s.blocked = s.parked = True
-        heapq.heappush(self.parked, (trio.current_time() + seconds, s.id, s, reply))
+        s.blocked = s.deferred = True
+        heapq.heappush(self.deferred, (trio.current_time() + seconds, s.id, s, reply))
 
-    def unpark(self, s: Session, reply: bytes) -> None:
-        s.blocked = s.parked = False
+    def answer_deferred(self, s: Session, reply: bytes) -> None:
+        """The time of a reply `answer_later` held came: send it."""
+        s.deferred = False
         if self.sessions.get(s.id) is not s:
+            s.blocked = False
             return  # the connection closed meanwhile
-        must_sync = self.commit.must_sync
-        if must_sync > s.need:
-            s.need = must_sync
-        s.out.append(reply)
-        s.out_mut.append(False)
-        self._run(s)
+        self.commit.note_seen(s)
+        self._answer(s, reply)
 
     def _close(self, s: Session) -> None:
         if self.sessions.pop(s.id, None) is None:
             return
         if self.feeds.pop(s.id, None) is not None:
-            self.commit.release_parked()
-        self.touched.pop(s.id, None)
+            self.commit.release_acked()
+        self.commit.forget(s)
         self.runnable.pop(s.id, None)
         if s.blocked:
             self.volatile(r.WaitStop, s.id)
@@ -583,20 +651,20 @@ class MutationLoop:
             if s is None:  # cannot happen: closing a session stops its wait
                 self.volatile(r.WaitStop, cid)
                 continue
-            must0 = c.must_sync
-            c.revealed = None
-            self.log(r.Reserve, cid, job.id)
+            must0 = c.begin_command()
+            if s.dialect is not None:
+                # Another protocol's wait: it takes the job its own way (its
+                # records end the wait) and answers in its own words.
+                reply = s.dialect.granted(self, s, job)
+            else:
+                self.log(r.Reserve, cid, job.id)
+                try:
+                    reply = p.reserved(job.id, self.body_of(job))
+                except BodyError as e:
+                    log.error("answering INTERNAL_ERROR: %s", e)
+                    reply = p.INTERNAL_ERROR
             if c.track_needs:
                 c.note_need(s, must0)
-            s.blocked = False
-            try:
-                reply = p.reserved(job.id, self.body_of(job))
-            except BodyError as e:
-                log.error("answering INTERNAL_ERROR: %s", e)
-                reply = p.INTERNAL_ERROR
-            s.out.append(reply)
-            s.out_mut.append(True)
-            s.owed += len(reply)
-            self.granted.append(s)
-            self._run(s)
+            c.granted_first(s)
+            self._answer(s, reply, logged=True)
 

@@ -2,12 +2,12 @@
 
 trio's `wait_readable` arms a one-shot registration for every wait, so a
 reader task per connection costs an `epoll_ctl` and a task switch for every
-request/response command: about a quarter of such a command's server CPU on
-the 2-core machines here (README, Performance). The `Poller` keeps an epoll
-set of its own (level-triggered, a socket registered once), waits on it as a
-single fd in trio, and on each wake-up calls every readable connection's
-`on_readable`, which reads once, parses, and hands the commands to the
-mutation loop. When the pass ends it runs the loop's turn for everything it
+request/response command, a large share of such a command's server CPU
+(docs/PERFORMANCE.md, "Measured choices the code refers to"). The `Poller`
+keeps an epoll set of its own (level-triggered, a socket registered once),
+waits on it as a single fd in trio, and on each wake-up calls every readable
+connection's `on_readable`, which reads once, parses, and hands the commands
+to the mutation loop. When the pass ends it runs the loop's turn for everything it
 read (`Batcher.end_batch`): commands from many connections are answered in
 one turn, without a task switch per connection nor one to the loop's task.
 
@@ -18,7 +18,7 @@ masking the events matters: epoll reports a hang-up even for an empty mask,
 and the poller would spin on it.
 
 Linux only (`select.epoll`); elsewhere each connection's task reads for
-itself (server.py).
+itself (connection.py: `_Connection.reader`).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 # Output backpressure: the loop runs none of a session's commands while more
 # than this many bytes of its replies are unsent (made, and not yet taken by
@@ -24,11 +25,11 @@ class Session:
     __slots__ = (
         "id", "pending", "out", "out_mut", "blocked", "halfclosed", "closing", "producer",
         "worker", "deliver", "wait_deadline", "feed", "view_use", "inflight", "pending_bytes",
-        "need", "owed", "held", "resume", "peer", "transport", "admin", "parked",
+        "need", "owed", "held", "resume", "peer", "transport", "admin", "deferred", "dialect",
     )
 
     def __init__(self, sid: int, deliver: Callable, resume: Callable,
-                 peer: str | None = None, transport: str = "local"):
+                 peer: str | None = None, transport: str = "local", dialect=None):
         self.id = sid
         # Commands not run yet: a deque once any arrive (an empty deque costs
         # ~600 bytes, times every idle connection).
@@ -64,11 +65,15 @@ class Session:
         self.need = 0
         # Who is at the other end: the peer's address (None on a unix socket or
         # in-process), "tcp", "unix" or "local"; may it run admin commands
-        # (server/admin.py); `parked`: blocked until a timer answers (a failed auth).
+        # (server/admin.py); `deferred`: blocked until a timer answers (a failed auth).
         self.peer = peer
         self.transport = transport
         self.admin = False
-        self.parked = False
+        self.deferred = False
+        # Another protocol's session (server/memcache_dispatch.py's McSession),
+        # None for beanstalkd's: a wait it started ends in its own words
+        # (`granted`, `wait_ended`; see MutationLoop.grant_waiters, answer_wait).
+        self.dialect = dialect
 
 
 def sent(s: Session, n: int) -> None:
@@ -79,15 +84,37 @@ def sent(s: Session, n: int) -> None:
         s.resume(s)
 
 
-def deliver(delivery: tuple) -> None:
+class Delivery(NamedTuple):
+    """One turn's replies of one session, on their way to its connection.
+
+    `mut[i]` says whether the command behind `out[i]` logged a record (such a
+    reply may wait for replicas); `done`: nothing the session submitted is
+    left unanswered; `closing`: close the connection after these bytes.
+    """
+
+    session: Session
+    out: list[bytes]
+    mut: list[bool]
+    done: bool
+    closing: bool
+
+    def answered_instead(self, replies: list[bytes]) -> Delivery:
+        """The same delivery with `replies` in place of `out` (an error or
+        NOT_REPLICATED answers the commands instead); the session's count of
+        reply bytes owed follows."""
+        recount(self.session, self.out, replies)
+        return self._replace(out=replies)
+
+
+def deliver(d: Delivery) -> None:
     """Hand one turn's replies of a session to its connection."""
-    s, out, _mut, done, closing = delivery
-    blob = b"".join(out)
+    s = d.session
+    blob = b"".join(d.out)
     # Taken off before the connection sees it (which adds back what the socket
     # did not take): its check for room to read again must see the true count,
     # or a paused connection whose last reply was big stayed paused for good.
     sent(s, len(blob))
-    s.deliver(blob, done, closing)
+    s.deliver(blob, d.done, d.closing)
 
 
 def recount(s: Session, before: list[bytes], after: list[bytes]) -> None:

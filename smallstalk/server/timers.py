@@ -9,26 +9,46 @@ out, or to warn with DEADLINE_SOON. See docs/ARCHITECTURE.md.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import NS, State
-from smallstalk.server.commit import Unavailable
+from smallstalk.server.commit import GroupCommit, Unavailable
 from smallstalk.server.policy import Policies
-
-if TYPE_CHECKING:
-    from smallstalk.server.loop import MutationLoop
+from smallstalk.server.session import Session
 
 
-def run(lp: MutationLoop) -> None:
+class Loop(Protocol):
+    """What the timers read and call of the mutation loop (loop.MutationLoop)."""
+
+    state: State
+    commit: GroupCommit
+    policies: Policies
+    sessions: dict[int, Session]
+    deferred: list  # heap of (trio time due, session id, session, reply)
+    read_only: str | None
+    now: int
+    clock: Callable[[], int]
+
+    def log(self, cls: type, *fields) -> r.Record: ...
+
+    def grant_waiters(self) -> None: ...
+
+    def answer_wait(self, s: Session, reply: bytes) -> None: ...
+
+    def answer_deferred(self, s: Session, reply: bytes) -> None: ...
+
+
+def run(lp: Loop) -> None:
     """Everything that happens because time passed, as records."""
     c = lp.commit
-    c.expire_parked()
-    if lp.parked:
-        _unpark_due(lp)
+    c.expire_unacked()
+    if lp.deferred:
+        _answer_deferred_due(lp)
     if lp.read_only or (c.failed_until and trio.current_time() < c.failed_until):
         return
     st = lp.state
@@ -55,13 +75,13 @@ def run(lp: MutationLoop) -> None:
     lp.grant_waiters()
 
 
-def _unpark_due(lp: MutationLoop) -> None:
-    """Answer the parked sessions whose time came (a failed `auth`)."""
+def _answer_deferred_due(lp: Loop) -> None:
+    """Send the deferred replies whose time came (a failed `auth`)."""
     now = trio.current_time()
-    parked = lp.parked
-    while parked and parked[0][0] <= now:
-        _, _, s, reply = heapq.heappop(parked)
-        lp.unpark(s, reply)
+    deferred = lp.deferred
+    while deferred and deferred[0][0] <= now:
+        _, _, s, reply = heapq.heappop(deferred)
+        lp.answer_deferred(s, reply)
 
 
 def expiry_moves(st: State, policies: Policies, due: list[int],
@@ -78,27 +98,27 @@ def expiry_moves(st: State, policies: Policies, due: list[int],
     return moves
 
 
-def seconds_to_next_deadline(lp: MutationLoop) -> float | None:
+def seconds_to_next_deadline(lp: Loop) -> float | None:
     """How long the loop may wait for input before a timer is due (None: no timer).
 
     Cheap when nothing can be due (a poller's pass asks after every turn, and
     puts and deletes make no timer): every timer source is listed in the
     first test, so a new one is added there and below, side by side."""
     st, c = lp.state, lp.commit
-    if not (st.delay_heap or st.ttr_heap or st.expiry_heap or st.waiting_n or lp.parked
-            or c.parked or c.unsynced or c.failed_until):
+    if not (st.delay_heap or st.ttr_heap or st.expiry_heap or st.waiting_n or lp.deferred
+            or c.has_timers()):
         return None
     wait = _seconds_to_state_deadline(lp)
-    left = c.seconds_to_deadline()  # parked replies, a lazy fsync
+    left = c.seconds_to_deadline()  # replies held for replicas, a lazy fsync
     if left is not None:
         wait = left if wait is None else min(wait, left)
-    if lp.parked:
-        left = max(lp.parked[0][0] - trio.current_time(), 0.0)
+    if lp.deferred:
+        left = max(lp.deferred[0][0] - trio.current_time(), 0.0)
         wait = left if wait is None else min(wait, left)
     return wait
 
 
-def _seconds_to_state_deadline(lp: MutationLoop) -> float | None:
+def _seconds_to_state_deadline(lp: Loop) -> float | None:
     now = lp.clock()
     deadline = lp.state.next_deadline(now)
     failed_until = lp.commit.failed_until

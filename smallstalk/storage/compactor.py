@@ -2,7 +2,7 @@
 
 The server's compactor task picks a fixed list of closed segments (never
 "whatever is closed when it deletes"), and runs the fold in a child process
-(`python -m smallstalk.compactor DATA_DIR SEGMENT...`) that replays those
+(`python -m smallstalk.storage.compactor DATA_DIR SEGMENT...`) that replays those
 files on top of the newest snapshot into its own State and writes the new
 snapshot crash-safely (snapshot.write). The mutation loop is never paused:
 the child reads only immutable files, on the other core.
@@ -12,7 +12,7 @@ folded segments and the older snapshots. A crash anywhere in between leaves
 either the old snapshot with all its segments, or the new snapshot with some
 segments it covers; start-up skips records at or below the snapshot's seq.
 
-Read-behind (bodies.py): when the server keeps bodies on disk, the child
+Read-behind (storage/bodies.py): when the server keeps bodies on disk, the child
 gets `--max-memory N` (a small budget of its own) and does not load every body
 either: past N it refers to them in the old snapshot and the segments and
 reads them back while writing the new snapshot. It also writes the body index
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         max_memory = int(args[1])
         del args[:2]
     if len(args) < 2:
-        print("usage: python -m smallstalk.compactor [--max-memory BYTES] DATA_DIR SEGMENT...",
+        print("usage: python -m smallstalk.storage.compactor [--max-memory BYTES] DATA_DIR SEGMENT...",
               file=sys.stderr)
         return 2
     try:

@@ -1,24 +1,27 @@
 """The AOF as the mutation loop uses it: sequence numbers, group commit, rotation.
 
 `Journal.append(record)` stages a record (encoded into the open segment's
-buffer). `await Journal.commit()` makes everything staged as durable as the
-fsync policy promises, in one write and at most one fsync, run in a worker
-thread so connection tasks keep reading and parsing meanwhile:
+buffer). A commit has two steps, each with one body here: `write_staged()`
+puts everything staged in the file (`written_seq`), `sync()` makes it durable
+(`committed_seq`, what replicas may be sent). Which caller takes which path:
 
-- `always`: write + fsync before the loop answers anyone (group commit);
-- `everysec` (any interval): write now, fsync at most every `interval`
-  seconds from a background task;
-- `never`: write now, leave flushing to the kernel.
+- `await commit()` (the loop under `everysec` and `never`; start-up; the
+  loop under `always` before its fsync thread runs): `write_staged()`, then
+  under `always` `sync()`, in this thread for a small batch and in a worker
+  thread for a big one; under `everysec` a background task fsyncs at most
+  every `interval` seconds; under `never` the kernel flushes.
+- The loop under `always` (server/commit.py) calls the two steps itself:
+  `write_staged()` at the end of each turn, then `sync()` inline for a small
+  turn or `sync_in_background()` (the fsync thread, syncer.py) for a big one,
+  whose answer `sync_result()` takes. So the next turns are parsed and
+  applied while the disk works, and each reply waits only for what it needs.
+  Why the split stays, and why a small batch is synced inline: the
+  measurements in docs/PERFORMANCE.md ("Group commit, inline fsync threshold").
 
-After a commit the open segment is closed and a new one started once it holds
-`segment_records` records or `segment_bytes` bytes. Closed segments are what
-the compactor folds.
-
-The mutation loop under `always` splits a commit in two instead:
-`write_staged()` now, then `sync()` in its own thread for a small turn, or
-`sync_in_background()` (syncer.py) so the next turns run while the disk
-works; `sync_result()` says how far the file is durable (`committed_seq`,
-what replicas may be sent). `written_seq` is how far it is written.
+Once the open segment holds `segment_records` records or `segment_bytes`
+bytes it is closed and the next one started (`rotate`, or `rotate_now` in
+the loop's thread when the old segment is durable already). Closed segments
+are what the compactor folds.
 
 A failed write or fsync raises `JournalError`: the segment is cut back to the
 last committed size so no half-written batch stays in front of later records,
@@ -155,11 +158,6 @@ class Journal:
 
     # --- committing --------------------------------------------------------------
 
-    def _write_and_sync(self) -> None:
-        self.segment.write()
-        if self.fsync == FSYNC_ALWAYS:
-            self._timed(self.segment.sync)
-
     def _timed(self, sync) -> None:
         t0 = time.perf_counter()
         sync()
@@ -170,43 +168,32 @@ class Journal:
         self._timed(lambda: os.fsync(fd))
 
     async def commit(self) -> None:
+        """Make everything staged as durable as the policy promises (see the
+        module's docstring). JournalError if the write or the fsync fails:
+        the segment is cut back and the staged records are gone."""
         seg = self.segment
         if not seg.pending:
             return
         count = seg.pending_records
-        last = seg.pending_last_seq
-        before = seg.size, seg.records, seg.last_seq
-        try:
-            if self.fsync == FSYNC_ALWAYS:
-                if count <= INLINE_SYNC_RECORDS:
-                    self._write_and_sync()
-                else:
-                    await trio.to_thread.run_sync(self._write_and_sync)
+        self.write_staged()
+        if self.fsync == FSYNC_ALWAYS:
+            if count <= INLINE_SYNC_RECORDS:
+                self.sync()
             else:
-                seg.write()
-                self._dirty = True
-        except OSError as e:
-            try:
-                seg.cut_back_to(*before)
-            except OSError:
-                log.exception("could not cut the segment back after a failed write")
-            raise JournalError(f"writing {seg.path}: {e}") from e
-        self.committed_seq = self.written_seq = self.sync_asked = last
-        seg.durable = (seg.size, seg.records, seg.last_seq)
-        self.records_written += count
-        self.metrics.commit_records.observe(count)
+                await trio.to_thread.run_sync(self.sync)
+        else:
+            self.committed_seq = self.sync_asked = self.written_seq
+            seg.durable = (seg.size, seg.records, seg.last_seq)
+            self.metrics.commit_records.observe(count)
+            self._dirty = True
         if self.segment_full():
-            try:
-                await self.rotate()
-            except JournalError:
-                # The batch is durable already: keep appending to this segment, retry later.
-                log.exception("rotation failed; staying on %s", seg.path)
+            await self.rotate()
 
     def segment_full(self) -> bool:
         seg = self.segment
         return seg.records >= self.segment_records or seg.size >= self.segment_bytes
 
-    # --- committing in two steps (the loop, under --fsync always) -------------------
+    # --- the two steps ---------------------------------------------------------------
 
     def write_staged(self) -> None:
         """Write what is staged, without an fsync. JournalError if the write
@@ -292,20 +279,36 @@ class Journal:
             log.exception("could not cut %s back after a failed fsync", seg.path)
 
     def rotate_now(self) -> None:
-        """`rotate` without awaiting, for the loop under always (after
-        `wait_for_syncs`: the old segment is durable, the fsync is quick)."""
+        """Close the open segment durably at its exact size and start the
+        next one, in this thread (the loop under always, after
+        `wait_for_syncs`: the old segment is durable, its last fsync quick).
+        On failure the open segment stays and takes records; logged."""
+        self._rotated(self._next_segment())
+
+    async def rotate(self) -> None:
+        """`rotate_now` with the old segment's last fsync in a worker thread."""
+        self._rotated(await trio.to_thread.run_sync(self._next_segment))
+
+    def _next_segment(self) -> SegmentWriter | None:
+        """The one body of a rotation (no trio: it may run in a thread). The
+        old segment, or None if there was nothing to close or it failed."""
         old = self.segment
         if old.records == 0:
-            return
+            return None
         try:
             old.finish()  # durable at its exact size before the next one exists
-            self._open_segment()
+            self._open_segment()  # on failure self.segment is still `old`, open
         except OSError:
             log.exception("rotation failed; staying on %s", old.path)
+            return None
+        return old
+
+    def _rotated(self, old: SegmentWriter | None) -> None:
+        if old is None:
             return
         old.close()
         self._dirty = False
-        self.rotated.set()
+        self.rotated.set()  # wakes the compactor
         self.rotated = trio.Event()
 
     def start_syncer(self) -> Syncer:
@@ -320,21 +323,6 @@ class Journal:
             # Unanswered requests are gone with the thread: close() syncs.
             self._sync_gen += 1
             self.sync_asked = self.committed_seq
-
-    async def rotate(self) -> None:
-        """Close the open segment (durably) and start the next one."""
-        old = self.segment
-        if old.records == 0:
-            return
-        try:
-            await trio.to_thread.run_sync(old.finish)
-            self._open_segment()  # on failure self.segment is still `old`, open
-        except OSError as e:
-            raise JournalError(f"rotating {old.path}: {e}") from e
-        old.close()
-        self._dirty = False
-        self.rotated.set()
-        self.rotated = trio.Event()
 
     async def sync_now(self) -> None:
         if self._dirty:

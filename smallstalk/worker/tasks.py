@@ -117,7 +117,7 @@ class App:
         self._client: Client | None = None
         self._client_lock = threading.Lock()
         self._async_client: trio.lowlevel.RunVar[AsyncClient | None] = trio.lowlevel.RunVar(
-            f"smallstalk.App.{id(self)}", default=None)
+            f"smallstalk.worker.App.{id(self)}", default=None)
 
     def task(self, fn: Callable[..., Any] | None = None, *, name: str | None = None,
              tube: str = "default", priority: int = DEFAULT_PRIORITY, delay: int = 0,

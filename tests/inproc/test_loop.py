@@ -262,6 +262,21 @@ async def test_auth_is_answered_late_and_gates_admin_commands(lp, autojump_clock
     assert b"".join(out).startswith(b"UNAUTHORIZED\r\nUNAUTHORIZED\r\nOK\r\nNOT_RELOADED")
 
 
+async def test_a_deferred_reply_is_counted_like_any_other(lp, autojump_clock) -> None:
+    """A failed auth is answered later: that reply counts toward the bytes the
+    session owes its socket (backpressure) as every other does, so once all
+    is delivered the session owes nothing, however many auths failed."""
+    lp.admin = AdminPolicy(token="s3cr3t")
+    s = lp.open_session(lambda *a: None, "10.0.0.9", "tcp")
+    out: list[bytes] = []
+    s.deliver = lambda blob, done, close: out.append(blob)
+    lp.submit(s, [p.Auth("wrong")] * 5 + [p.ListTubeUsed()])
+    while b"USING" not in b"".join(out):
+        await trio.sleep(0.01)
+    assert b"".join(out) == p.UNAUTHORIZED * 5 + b"USING default\r\n"
+    assert s.owed == 0
+
+
 async def test_a_poller_turn_that_makes_a_timer_moves_the_loop_tasks_alarm(
         lp, autojump_clock) -> None:
     """The poller runs the turn for what it read (end_batch) while the loop

@@ -7,7 +7,8 @@ and the bound holds again once the flooding connections are gone; idle
 connections are cheap; past --max-connections a client is told why and
 closed; running out of file descriptors neither crashes nor spins; a client
 that stops reading still loses its reservations to TTR. Floods are bounded
-in bytes and seconds.
+in bytes and seconds. The floods, idle connections and the connection limit
+are tried on the memcache port (docs/KESTREL.md) too.
 """
 
 from __future__ import annotations
@@ -86,27 +87,46 @@ def round_trip(c: Client, cmd: bytes) -> float:
 
 
 @pytest.fixture
-def server(tmp_path):
-    srv = start_smallstalk(tmp_path, "--fsync", "never", data_dir=tmp_path / "data")
+def memcache_port() -> int:
+    return free_port()
+
+
+@pytest.fixture
+def server(tmp_path, memcache_port):
+    srv = start_smallstalk(tmp_path, "--fsync", "never", "--memcache-port", str(memcache_port),
+                           data_dir=tmp_path / "data")
     yield srv
     srv.stop()
 
 
-def test_unread_peek_floods_stay_bounded_and_others_are_served(server) -> None:
+# The ports a flood is tried on: the beanstalkd port, and kestrel's memcache dialect.
+KINDS = ["beanstalkd", "memcache"]
+
+
+def port_of(kind: str, server: Server, memcache_port: int) -> int:
+    return server.port if kind == "beanstalkd" else memcache_port
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_unread_peek_floods_stay_bounded_and_others_are_served(server, memcache_port,
+                                                               kind) -> None:
+    port = port_of(kind, server, memcache_port)
     with connect(server.port) as other:
+        other.call(b"use big\r\n")
         job = other.put(b"x" * 60_000).id
         other.call(b"stats\r\n")  # warm: the first stats imports and allocates
         base = status(server.pid)["VmRSS"]
         reset_peak(server.pid)
-        flooders = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]
+        flooders = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
         # All of it fits in the kernel's buffers on loopback; what the server
         # has not read yet stays there.
-        flood(flooders, b"peek %d\r\n" % job * 200_000)
+        peek = b"peek %d\r\n" % job if kind == "beanstalkd" else b"get big/peek\r\n"
+        flood(flooders, peek * 200_000)
         wait_for(lambda: other.ext_stats()["current-connections-throttled"] == "4", 20,
                  "all four flooders to be throttled")
         waits = [round_trip(other, b"stats-job %d\r\n" % job) for _ in range(50)]
         grown = status(server.pid)["VmHWM"] - base
-        print(f"4 unread peek floods: RSS +{grown / MiB:.1f} MiB, other client max "
+        print(f"4 unread peek floods ({kind}): RSS +{grown / MiB:.1f} MiB, other client max "
               f"{max(waits) * 1000:.1f} ms")
         assert grown <= 64 * MiB, f"RSS grew {grown / MiB:.1f} MiB"
         assert max(waits) < 1.0, waits  # beanstalkd-like: others are served meanwhile
@@ -119,12 +139,14 @@ def test_unread_peek_floods_stay_bounded_and_others_are_served(server) -> None:
     assert "client 127.0.0.1:" in log
 
 
-def test_unread_stats_flood_stays_bounded(server) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_unread_stats_flood_stays_bounded(server, memcache_port, kind) -> None:
+    end = b"\r\n---\n" if kind == "beanstalkd" else b"\r\nEND\r\n"  # one per reply
     with connect(server.port) as other:
         other.call(b"stats\r\n")
         base = status(server.pid)["VmRSS"]
         reset_peak(server.pid)
-        flooder = socket.create_connection(("127.0.0.1", server.port))
+        flooder = socket.create_connection(("127.0.0.1", port_of(kind, server, memcache_port)))
         data = b"stats\r\n" * 70_000
         sent = flood([flooder], data)
         assert round_trip(other, b"stats\r\n") < 1.0
@@ -139,20 +161,22 @@ def test_unread_stats_flood_stays_bounded(server) -> None:
             while replies < 5_000:
                 chunk = flooder.recv(1 << 20)
                 assert chunk, f"closed after {replies} replies"
-                replies += (tail + chunk).count(b"\r\n---\n")
-                tail = chunk[-6:]
+                replies += (tail + chunk).count(end)
+                tail = chunk[-(len(end) - 1):]
         assert sent > 5_000 * len(b"stats\r\n")
         settle(server, 1)
         assert status(server.pid)["VmRSS"] - base <= 32 * MiB
 
 
-def test_idle_connections_are_cheap_and_leave_nothing(server) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_idle_connections_are_cheap_and_leave_nothing(server, memcache_port, kind) -> None:
     n = 2000
+    port = port_of(kind, server, memcache_port)
     settle(server, 0)
     base = status(server.pid)["VmRSS"]
     peaks, after = [], []
     for _round in range(3):
-        socks = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(n)]
+        socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
         try:
             settle(server, n)
             peaks.append(status(server.pid)["VmRSS"] - base)
@@ -162,7 +186,7 @@ def test_idle_connections_are_cheap_and_leave_nothing(server) -> None:
         settle(server, 0)
         after.append(status(server.pid)["VmRSS"] - base)
     per = peaks[0] / n
-    print(f"idle connections: {per:.0f} bytes each")
+    print(f"idle connections ({kind}): {per:.0f} bytes each")
     assert per <= 4096, f"{per:.0f} bytes per idle connection"
     # Nothing leaks: the allocator keeps what it freed (RSS does not go back
     # down), and later rounds reuse it instead of growing each time.
@@ -171,27 +195,29 @@ def test_idle_connections_are_cheap_and_leave_nothing(server) -> None:
 
 
 def test_past_max_connections_a_client_is_told_and_closed(tmp_path) -> None:
-    http = free_port()
-    server = start_smallstalk(tmp_path, "--max-connections", "3", "--http", f"127.0.0.1:{http}")
+    http, mport = free_port(), free_port()
+    server = start_smallstalk(tmp_path, "--max-connections", "3", "--http", f"127.0.0.1:{http}",
+                              "--memcache-port", str(mport))
     try:
         kept = [connect(server.port) for _ in range(3)]
-        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as extra:
-            got = b""
-            while chunk := extra.recv(100):
-                got += chunk
-            assert got == b"TOO_MANY_CONNECTIONS\r\n"
-        assert kept[0].ext_stats()["connections-refused"] == "1"
+        for port in (server.port, mport):  # one limit for both ports
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as extra:
+                got = b""
+                while chunk := extra.recv(100):
+                    got += chunk
+                assert got == b"TOO_MANY_CONNECTIONS\r\n"
+        assert kept[0].ext_stats()["connections-refused"] == "2"
         assert "refusing connections: 3 open, --max-connections is 3" in server.log()
         kept[0].close()
         wait_for(lambda: kept[1].stats()["current-connections"] == "2", 10, "the close")
         with connect(server.port) as again:  # a place came free
-            assert again.ext_stats()["connections-refused"] == "1"
+            assert again.ext_stats()["connections-refused"] == "2"
         for c in kept[1:]:
             c.close()
         wait_for(lambda: listening(http), 20, "the console")
         with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=20) as resp:
             metrics = resp.read().decode()
-        assert "\nsmallstalk_connections_refused 1.0\n" in metrics
+        assert "\nsmallstalk_connections_refused 2.0\n" in metrics
         assert "\nsmallstalk_current_connections_throttled 0.0\n" in metrics
     finally:
         server.stop()

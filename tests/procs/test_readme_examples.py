@@ -11,8 +11,9 @@ which the next block looks at), each with bash (```sh) or the venv's python
 (```python), and must exit 0 without a traceback.
 
 Not run: blocks of other languages (```console transcripts, ```text output,
-```toml), the example between `<!-- example -->` markers (tests/test_worker.py
-runs it), and a block right after `<!-- readme-test: skip: REASON -->`.
+```toml), the example between `<!-- example -->` markers
+(tests/procs/test_worker.py runs it), and a block right after
+`<!-- readme-test: skip: REASON -->`.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def blocks(text: str) -> tuple[list[tuple[str, str]], list[str]]:
         if lang not in RUN:
             continue
         if example[0] < m.start() < example[1]:
-            skipped.append("tests/test_worker.py")
+            skipped.append("tests/procs/test_worker.py")
             continue
         before = SKIP.search(text, 0, m.start())
         if before and before.end() == m.start():

@@ -1,15 +1,26 @@
 """The package's layers, read from its imports (docs/ARCHITECTURE.md draws them).
 
 Every module under smallstalk/ is parsed with `ast`; every import counts,
-including those inside functions. Imports under `if TYPE_CHECKING:` never run,
-so they are exempt from the cycle rule and from core's ban on I/O modules, but
-not from the direction of the layers. A failure lists each offending import as
-file:line.
+including those inside functions (they run later, but the module still
+depends on what they import). `ALLOWED` below is the architecture's table of
+arrows: for each layer (a folder of smallstalk/, or a top-level module), the
+layers it may import. Every layer found in the package must have a row, the
+table must have no cycle, and docs/ARCHITECTURE.md prints the same table.
+
+Imports under `if TYPE_CHECKING:` count for the direction of the layers: a
+type named in a signature is a dependency on the layer that defines it (the
+code is written against that layer's API), whether or not the import runs. They
+are exempt from the cycle rule and from core's ban on I/O modules, because
+they never run: a lower layer may name an upper layer's type only if the table
+allows the arrow anyway.
+
+A failure lists each offending import as file:line.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,12 +38,34 @@ SIZE_NOTE_WITHIN = 10
 IMPURE = {"trio", "time", "os", "socket", "select", "selectors", "threading", "pathlib", "io",
           "subprocess", "shutil", "tempfile", "signal", "fcntl", "mmap", "asyncio",
           "multiprocessing"}
-TOP = {"cli", "launch", "config", "__main__"}
-# layer -> the smallstalk layers it may not import (core is checked separately: only core)
-FORBIDDEN = {
-    "storage": {"server", "replication", "ops", "console"} | TOP,
-    "server": {"replication", "ops", "console"} | TOP,
+# The architecture's arrows: layer -> the layers it may import (besides itself
+# and the package root `smallstalk`, which holds only the version). The stack
+# core -> storage -> server -> replication, ops, console -> cli, with config.py
+# (flags and --config, parsed with server/'s policy and admin parsers) between
+# server/ and the front ends; libraries beside it: client/ on core/, worker/ on
+# client/, analytics/ on storage/. The operator's side may use them: ops/ and
+# cli.py talk to a running server with client/'s token handling, console/ shows
+# a job's worker task with worker/'s payload codec. usage.py is the command
+# lines' one-line error helper, for front ends only.
+ENGINE = {"core", "storage", "server"}
+ALLOWED: dict[str, set[str]] = {
+    "core": set(),
+    "storage": {"core"},
+    "server": {"core", "storage"},
+    "config": ENGINE,
+    "replication": ENGINE | {"config"},
+    "ops": ENGINE | {"config", "client", "usage"},
+    "console": ENGINE | {"config", "worker"},
+    "cli": ENGINE | {"config", "replication", "ops", "console", "client", "listen", "usage"},
+    "listen": set(),  # binds the port before anything else is imported
+    "launch": {"listen", "cli"},
+    "__main__": {"launch"},
+    "usage": set(),
+    "client": {"core"},
+    "worker": {"core", "client", "usage"},
+    "analytics": {"core", "storage", "usage"},
 }
+ROOT = ""  # layer() of the package root, smallstalk/__init__.py
 
 
 @attrs.frozen
@@ -123,10 +156,12 @@ def report(bad: list[str], rule: str) -> None:
 
 def test_the_walk_sees_the_package() -> None:
     """The rules below check something: the layers and their imports are found."""
-    assert {layer(m) for m in MODULES} >= {"core", "storage", "server", "replication", "ops"}
+    assert {layer(m) for m in MODULES} >= set(ALLOWED)
     loop = [i for i in IMPORTS if i.module == "smallstalk.server.loop"]
     assert any(i.target == "smallstalk.core.state" for i in loop)
     assert any(i.target == "trio" for i in loop)
+    assert any(i.type_checking for i in IMPORTS)
+    assert any(not i.top_level for i in IMPORTS)
 
 
 def test_core_imports_only_core_and_nothing_impure() -> None:
@@ -141,12 +176,106 @@ def test_core_imports_only_core_and_nothing_impure() -> None:
     report(bad, "core/ imports only core/ and no trio, clock, files or os")
 
 
-@pytest.mark.parametrize("low", sorted(FORBIDDEN))
-def test_lower_layers_do_not_import_upward(low: str) -> None:
-    bad = [f"{i.where()}: {i.module} imports {i.target}" for i in IMPORTS
-           if layer(i.module) == low and ours(i.target)
-           and layer(i.target) in FORBIDDEN[low]]
-    report(bad, f"{low}/ may not import {', '.join(sorted(FORBIDDEN[low]))}")
+def test_every_layer_has_a_row() -> None:
+    """A new folder or top-level module is placed in the table on purpose;
+    a row whose folder or module is gone is taken out."""
+    found = {layer(m) for m in MODULES} - {ROOT}
+    assert sorted(found - set(ALLOWED)) == [], "layers without a row in ALLOWED"
+    assert sorted(set(ALLOWED) - found) == [], "rows of ALLOWED without a layer"
+    assert all(to <= set(ALLOWED) for to in ALLOWED.values())
+
+
+def test_the_table_has_no_cycle() -> None:
+    def imp(a: str, b: str) -> Import:
+        return Import(a, PACKAGE / "x.py", 1, b, True, False)
+
+    edges = {a: {b: imp(a, b) for b in to} for a, to in ALLOWED.items()}
+    assert _cycles(edges) == []
+
+
+def violations(imports: list[Import]) -> list[str]:
+    """Each import that points where the table has no arrow, as file:line."""
+    bad = []
+    for i in imports:
+        if not ours(i.target):
+            continue
+        low, to = layer(i.module), layer(i.target)
+        if low == ROOT and to != ROOT:
+            bad.append(f"{i.where()}: {i.module} imports {i.target} (the root imports nothing)")
+        elif to not in (low, ROOT) and to not in ALLOWED.get(low, set()):
+            why = " (under TYPE_CHECKING)" if i.type_checking else ""
+            bad.append(f"{i.where()}: {i.module} imports {i.target}: {low} -> {to} is not "
+                       f"an arrow of the table{why}")
+    return bad
+
+
+@pytest.mark.parametrize("low", sorted(ALLOWED))
+def test_imports_follow_the_table(low: str) -> None:
+    bad = violations([i for i in IMPORTS if layer(i.module) == low])
+    may = ", ".join(sorted(ALLOWED[low])) or "nothing of ours"
+    report(bad, f"{low} may import {may}")
+
+
+def test_the_root_imports_nothing_of_ours() -> None:
+    report(violations([i for i in IMPORTS if i.module == "smallstalk"]), "smallstalk/__init__.py")
+
+
+def test_a_wrong_arrow_is_found() -> None:
+    def imp(a: str, b: str, tc: bool = False) -> Import:
+        return Import(a, PACKAGE / "x.py", 1, b, True, tc)
+
+    bad = violations([imp("smallstalk.core.state", "smallstalk.server.loop"),
+                      imp("smallstalk.server.dispatch", "smallstalk.replication.feed", tc=True),
+                      imp("smallstalk.config", "smallstalk.cli"),
+                      imp("smallstalk.client.core", "smallstalk.worker.codec"),
+                      imp("smallstalk", "smallstalk.cli"),
+                      imp("smallstalk.server.loop", "smallstalk.storage.journal"),
+                      imp("smallstalk.cli", "smallstalk"),
+                      imp("smallstalk.ops.ls", "os")])
+    assert len(bad) == 5, bad
+    assert "under TYPE_CHECKING" in bad[1]
+
+
+def test_the_architecture_prints_the_table() -> None:
+    """docs/ARCHITECTURE.md's table of arrows is this one."""
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    start = text.index("| layer | may import |")
+    rows = {}
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        names = re.findall(r"`([\w_]+)(?:/|\.py)?`", cells[1])
+        for name in re.findall(r"`([\w_]+)(?:/|\.py)?`", cells[0]):
+            rows[name] = set(names)
+    assert rows == ALLOWED
+
+
+@pytest.mark.parametrize("entry", ["smallstalk.launch", "smallstalk.config"])
+def test_the_way_in_imports_no_trio(entry: str) -> None:
+    """launch.py binds the port before trio is imported, and config.py parses
+    the flags in time for it: what they import when loaded (transitively,
+    within smallstalk/) imports no trio. Imports inside functions run later."""
+    seen, todo, bad = {entry}, [entry], []
+    while todo:
+        module = todo.pop()
+        for i in IMPORTS:
+            if i.module != module or not i.top_level or i.type_checking:
+                continue
+            if i.target.split(".")[0] == "trio":
+                bad.append(f"{i.where()}: {i.module} imports {i.target}")
+            for t in (i.target, *_parents(i.target)):
+                if t in MODULES and t not in seen:
+                    seen.add(t)
+                    todo.append(t)
+    assert len(seen) > 1
+    report(bad, f"importing {entry} imports trio")
+
+
+def _parents(module: str) -> list[str]:
+    """smallstalk.server.admin -> [smallstalk.server, smallstalk]: packages run first."""
+    parts = module.split(".")
+    return [".".join(parts[:k]) for k in range(1, len(parts))]
 
 
 def _cycles(edges: dict[str, dict[str, Import]]) -> list[list[str]]:
