@@ -22,7 +22,6 @@ import trio
 from smallstalk import __version__, listen
 from smallstalk.config import (
     ServeConfig,
-    UsageError,
     memcache_address,
     parse_serve,
     server_changes,
@@ -41,6 +40,7 @@ from smallstalk.storage import datadir
 from smallstalk.storage.aof import FSYNC_INTERVAL, CorruptionError, make_dirs
 from smallstalk.storage.bodies import BodyStore
 from smallstalk.storage.journal import Journal
+from smallstalk.usage import EXIT_USAGE, UsageError
 
 log = logging.getLogger("smallstalk")
 
@@ -355,6 +355,7 @@ def promote_command(argv: list[str]) -> int:
     if not host or not port.isdigit() or int(port) > 65535:
         raise UsageError(f"promote: not HOST:PORT: {args[0]}")
     # Imported here: the client package is not on the server's start-up path.
+    from smallstalk.client import BeanstalkError, Client, CommandError
     from smallstalk.client.security import token_for_tool
 
     try:
@@ -362,29 +363,23 @@ def promote_command(argv: list[str]) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     ctx = _promote_tls(opts)
-    hello = b"" if token is None else p.render(p.Auth(token))
+    client = Client(args[0], connect_timeout=30, read_timeout=30, ssl_context=ctx, token=token)
     try:
-        with socket.create_connection((host, int(port)), timeout=30) as tcp, (
-                ctx.wrap_socket(tcp, server_hostname=host) if ctx else tcp) as sock:
-            sock.sendall(hello + p.render(p.PROMOTE))
-            reply = b""
-            while reply.count(b"\r\n") < (2 if token is not None else 1):
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                reply += chunk
-    except OSError as e:
-        print(f"smallstalk promote: {args[0]}: {e.strerror or e}", file=sys.stderr)
+        print(f"{p.PROMOTED_WORD.decode()} {client.promote()}")
+        return 0
+    except CommandError as e:
+        if token is not None and e.reply == p.UNAUTHORIZED_WORD:
+            # With a token the command itself is never refused: `auth` was.
+            print(f"smallstalk promote: {args[0]} refused the admin token: {e.reply_line()}",
+                  file=sys.stderr)
+        else:
+            print(e.reply_line())  # the replica's answer: NOT_A_REPLICA, UNAUTHORIZED ...
         return 1
-    if token is not None:
-        first, _, reply = reply.partition(b"\r\n")
-        if first + b"\r\n" != p.OK:
-            print(f"smallstalk promote: {args[0]} refused the admin token: "
-                  f"{first.decode(errors='replace')}", file=sys.stderr)
-            return 1
-    text = reply.decode(errors="replace").strip()
-    print(text)
-    return 0 if reply.strip().startswith(p.PROMOTED_WORD) else 1
+    except BeanstalkError as e:
+        print(f"smallstalk promote: {e}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
 
 
 def _early_socket_fits(argv: list[str], cfg: ServeConfig) -> bool:
@@ -540,6 +535,6 @@ def main(argv: list[str] | None = None, listen_sockets: list[socket.socket] | No
         raise UsageError(f"unknown command: {command}")
     except UsageError as e:
         known = command == "serve" or command == "promote" or command in TOOL_COMMANDS
-        print(f"smallstalk: {e} (see `smallstalk {command + ' -h' if known else 'help'}`)",
+        print(e.line("smallstalk", f"smallstalk {command} -h" if known else "smallstalk help"),
               file=sys.stderr)
-        return 5 if command == "serve" else 2
+        return 5 if command == "serve" else EXIT_USAGE
