@@ -20,7 +20,7 @@ from hypothesis import strategies as hs
 
 from smallstalk.core import records as r
 from smallstalk.core.state import BURIED, READY, RESERVED, Job, State, StateError
-from smallstalk.storage import aof, datadir, recovery, snapshot, snapshot_codec
+from smallstalk.storage import aof, datadir, logread, recovery, snapshot, snapshot_codec
 from smallstalk.storage.aof import CorruptionError
 
 from ..support.segments import write_segment
@@ -147,7 +147,7 @@ def generic_recover(data_dir: Path) -> State:
     snaps = aof.list_snapshots(snap_dir)
     st = snapshot.load(snaps[-1][1]) if snaps else State()
     for _first, path in aof.list_segments(aof_dir):
-        for entry in aof.iter_segment(path):
+        for entry in logread.iter_segment(path):
             if isinstance(entry, aof.FrameScan):
                 break
             recovery.apply_next(st, path, *entry)
