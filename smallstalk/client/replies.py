@@ -10,7 +10,7 @@ import attrs
 
 from smallstalk.core import protocol as p
 
-from .errors import ERRORS, Buried, ProtocolError, word_of
+from .errors import ERRORS, Buried, ProtocolError, Unauthorized, word_of
 
 REPLY_LINE_MAX = 1024  # a reply line is short: a word and at most two numbers or a tube name
 
@@ -209,6 +209,7 @@ class Reply:
 
 _INSERTED, _USING, _WATCHING = word_of(p.inserted(0)), word_of(p.using("")), word_of(p.watching(0))
 _KICKED, _OK = word_of(p.KICKED), word_of(p.OK)
+_DUPLICATE = word_of(p.duplicate(0))  # put-unique: the key's job exists (same id: success)
 _RESERVED, _FOUND = p.RESERVED_WORD, p.FOUND_WORD
 # Words followed by a body, and their argument count ("OK" alone answers `auth`).
 _WITH_BODY = {_RESERVED: 2, _FOUND: 2, _OK: 1}
@@ -287,6 +288,7 @@ def _name_arg(reply: Reply) -> str:
 # Success reply of each command: (word, how to build the result).
 _SUCCESS: dict[type, tuple[bytes, Any]] = {
     p.Put: (_INSERTED, lambda r, s: JobRef(_int_arg(r), s)),
+    p.PutUnique: (_INSERTED, lambda r, s: JobRef(_int_arg(r), s)),
     p.Reserve: (_RESERVED, _job),
     p.ReserveJob: (_RESERVED, _job),
     p.Delete: (word_of(p.DELETED), None),
@@ -313,13 +315,19 @@ _SUCCESS: dict[type, tuple[bytes, Any]] = {
     p.Auth: (_OK, None),
     p.ListJobs: (_OK, lambda r, s: [int(i) for i in _yaml_list(_ok_body(r))]),
     p.FlushTube: (word_of(p.flushed(0)), lambda r, s: _int_arg(r)),
+    # The admin commands (smallstalk only; a token or a trusted address).
+    p.PromoteReplica: (p.PROMOTED_WORD, lambda r, s: _int_arg(r)),
+    p.ConfigDump: (_OK, lambda r, s: _ok_body(r).decode("utf-8", "replace")),
+    p.ReloadConfig: (word_of(p.RELOADED), None),
+    p.ExtStats: (_OK, lambda r, s: _yaml_map(_ok_body(r))),
+    p.ExtStatsTube: (_OK, lambda r, s: _yaml_map(_ok_body(r))),
 }
 
 
 def interpret(cmd: p.Command, reply: Reply, server: str = "") -> Any:
     """The result of `cmd` given its reply, or the error reply raised as an exception."""
     word, build = _SUCCESS[type(cmd)]
-    if reply.word == word:
+    if reply.word == word or (reply.word == _DUPLICATE and type(cmd) is p.PutUnique):
         return None if build is None else build(reply, server)
     error = ERRORS.get(reply.word)
     if error is Buried:
@@ -327,6 +335,11 @@ def interpret(cmd: p.Command, reply: Reply, server: str = "") -> Any:
             cmd, "id", None)
         raise Buried(server, "", job_id)
     if error is not None:
+        said = b" ".join(reply.args).decode("utf-8", "replace")
+        if said:  # the server's own words: why a reload failed, how to get admin rights
+            raise error(server, said, said=said)
+        if error is Unauthorized and type(cmd) is not p.Auth:
+            raise Unauthorized(server, "an admin command: connect with the admin token")
         raise error(server)
     raise ProtocolError(f"unexpected reply to {type(cmd).__name__}: "
                         f"{b' '.join((reply.word, *reply.args))!r}")

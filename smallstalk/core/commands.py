@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import attrs
 
+from smallstalk.core import model
+
 
 @attrs.frozen(slots=True)
 class Put:
@@ -18,6 +20,21 @@ class Put:
     # smallstalk's `put-expiring <pri> <delay> <ttr> <max-age> <bytes>`: seconds
     # until the job expires (0 = a plain put: only the tube's max-age applies).
     max_age: int = 0
+
+
+@attrs.frozen(slots=True)
+class PutUnique:
+    """smallstalk's `put-unique <key> <pri> <delay> <ttr> <bytes>`: a put with an
+    idempotency key (1 to KEY_MAX bytes of tube-name characters)."""
+
+    key: str
+    pri: int
+    delay: int
+    ttr: int  # seconds, at least 1
+    body: bytes
+
+
+KEY_MAX = 200  # bytes of an idempotency key
 
 
 @attrs.frozen(slots=True)
@@ -197,7 +214,7 @@ class FlushTube:
     tube: str
 
 
-LIST_JOBS_STATES = ("ready", "delayed", "buried", "reserved")
+LIST_JOBS_STATES = model.STATE_NAMES  # list-jobs takes any state
 LIST_JOBS_MAX = 1000  # ids per list-jobs answer; page on with after-id
 
 
@@ -237,7 +254,7 @@ Command = (
     | PeekReady | PeekDelayed | PeekBuried | Kick | KickJob | StatsJob | StatsTube | Stats
     | ListTubes | ListTubeUsed | ListTubesWatched | PauseTube | Quit | Replicate | ReplicaAck
     | PromoteReplica | DeleteTube | ConfigDump | ReloadConfig | Auth | ListJobs | FlushTube
-    | ExtStats | ExtStatsTube
+    | ExtStats | ExtStatsTube | PutUnique
 )
 Event = Command | ErrorReply
 
@@ -258,6 +275,9 @@ def render(cmd: Command) -> bytes:
                 cmd.pri, cmd.delay, cmd.ttr, cmd.max_age, len(cmd.body), cmd.body)
         return b"put %d %d %d %d\r\n%s\r\n" % (
             cmd.pri, cmd.delay, cmd.ttr, len(cmd.body), cmd.body)
+    if t is PutUnique:
+        return b"put-unique %s %d %d %d %d\r\n%s\r\n" % (
+            cmd.key.encode(), cmd.pri, cmd.delay, cmd.ttr, len(cmd.body), cmd.body)
     if t is Reserve:
         if cmd.timeout is None:
             return b"reserve\r\n"

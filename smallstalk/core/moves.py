@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
+from smallstalk.core.keys import KeyIndex
 from smallstalk.core.model import (
     BURIED,
     DEFAULT_TUBE,
@@ -67,6 +68,7 @@ class Moves:
         # a 14th slot moves every Job to the next allocation size (+16 bytes).
         self.expires: dict[int, int] = {}
         self.fanout: dict[str, list[str]] = {}  # parent -> fanout tubes, oldest first
+        self.keys = KeyIndex()  # idempotency keys (core/keys.py)
         # One int object per priority or TTR value seen (up to SHARED_INTS):
         # CPython caches only -5..256, so every job with the usual pri 1024
         # held its own 32-byte int (see `share`).
@@ -241,6 +243,8 @@ class Moves:
         del self.jobs[j.id]
         if self.expires:
             self.expires.pop(j.id, None)
+        if self.keys.of_job:
+            self.keys.release(j.id, self.time)
         if isinstance(j.body, int) and self.on_body_dropped is not None:
             self.on_body_dropped(j.body)
         return t

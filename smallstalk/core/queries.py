@@ -373,6 +373,7 @@ class Queries:
         assert self.body_bytes == sum(t.bytes_n for t in self.tubes.values())
         assert self.spilled_bytes == sum(t.spilled_n for t in self.tubes.values())
         assert all(jid in self.jobs for jid in self.expires)
+        self.keys.check(self.jobs)
         for parent, children in self.fanout.items():
             assert children and all(fanout_parent(c) == parent for c in children)
         for c in self.conns.values():

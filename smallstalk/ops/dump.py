@@ -8,18 +8,8 @@ from typing import IO
 
 from smallstalk.core import records
 from smallstalk.core import records as r
-from smallstalk.ops.format import (
-    EXIT_OK,
-    Clock,
-    Out,
-    UsageError,
-    expiry,
-    jsonl,
-    parser,
-    preview,
-    run,
-    seq_arg,
-)
+from smallstalk.ops.command import EXIT_OK, UsageError, parser, run, seq_arg
+from smallstalk.ops.text import Clock, Out, expiry, jsonl, preview
 from smallstalk.storage import history
 
 
@@ -47,8 +37,8 @@ def _parse_dump(argv: list[str]) -> argparse.Namespace:
         ops.update(o.strip() for o in spec.split(",") if o.strip())
     unknown = ops - set(records.OP_NAMES.values())
     if unknown:
-        raise UsageError(f"smallstalk aof dump: unknown --op {', '.join(sorted(unknown))} (known: "
-                         f"{', '.join(records.OP_NAMES.values())})")
+        raise UsageError(f"unknown --op {', '.join(sorted(unknown))} (known: "
+                         f"{', '.join(records.OP_NAMES.values())})", "smallstalk aof dump")
     args.ops = ops
     return args
 
@@ -59,7 +49,7 @@ def job_ids(rec: records.Record) -> tuple[int, ...]:
     if jid is not None:
         return (jid,)
     t = type(rec)
-    if t is r.PutJobs:
+    if t is r.PutJobs or t is r.PutUnique:
         return (*(i for i, _tube in rec.jobs), *rec.dropped)
     if t is r.Expire:
         return tuple(i for i, _to, _expires in rec.moves)
@@ -106,6 +96,10 @@ def details(rec: records.Record) -> str:
         return f"jobs {','.join(map(str, rec.ids))}"
     if t is r.Restart:
         return "server started: earlier connections are gone"
+    if t is r.PutUnique:
+        return (f"key {rec.key} in {rec.tube} (kept {rec.unique_for}s after, at most "
+                f"{rec.keys_max})  " + details(r.PutJobs(*records.to_list(rec)[1:4],
+                                                          *records.to_list(rec)[8:])))
     if t is r.PutJobs:
         jobs = ", ".join(f"{i} {tube}" for i, tube in rec.jobs) or "none"
         dropped = f"  dropped {','.join(map(str, rec.dropped))}" if rec.dropped else ""
@@ -155,7 +149,7 @@ class TubeOfJobs:
         if t is r.Put:
             self.tubes[rec.id] = rec.tube
             return rec.tube in wanted
-        if t is r.PutJobs:
+        if t is r.PutJobs or t is r.PutUnique:
             hit = any([self.tubes.pop(jid, None) in wanted for jid in rec.dropped])
             for jid, tube in rec.jobs:
                 self.tubes[jid] = tube

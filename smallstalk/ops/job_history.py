@@ -12,22 +12,18 @@ import attrs
 
 from smallstalk.core import records
 from smallstalk.core import records as r
+from smallstalk.core.model import STATE_NAMES
 from smallstalk.core.state import RESERVED
-from smallstalk.ops.format import (
+from smallstalk.ops.command import EXIT_OK, ToolError, parser, run, seq_arg
+from smallstalk.ops.text import (
     DUR_WIDTH,
-    EXIT_OK,
-    STATES,
     Clock,
     Out,
-    ToolError,
     expiry,
     fmt_dur,
     jsonl,
-    parser,
     plural,
     preview,
-    run,
-    seq_arg,
     table,
 )
 from smallstalk.storage import history
@@ -65,6 +61,7 @@ class JobHistory:
     tube: str | None = None  # the tube it was put into (or was in at the snapshot)
     moved_to: list[str] = attrs.Factory(list)  # dead-letter tubes an expiry moved it to
     put_seq: int | None = None
+    key: str | None = None  # the idempotency key it was put with (put-unique)
     complete: bool = False  # the put is in the log
     folded: HistoryFolded | None = None  # set when earlier history is gone
     alive: bool = False
@@ -156,7 +153,7 @@ class _JobTracker:
                 ttr = f" ({self.ttr}s)" if self.ttr else ""
                 who = f": conn {holder} lost it" if holder is not None else ""
                 self.step(rec, "timeout", "ready", f"TTR{ttr} ran out{who}", holder, held)
-        elif t is r.PutJobs:
+        elif t is r.PutJobs or t is r.PutUnique:
             self._put_jobs(rec)
         elif t is r.Expire:
             for i, to, expires in rec.moves:
@@ -183,7 +180,7 @@ class _JobTracker:
                 self.step(rec, "restart", "ready",
                           f"server restarted: {who} reservation ended", holder, held)
 
-    def _put_jobs(self, rec: r.PutJobs) -> None:
+    def _put_jobs(self, rec: r.PutJobs | r.PutUnique) -> None:
         jid = self.jid
         if jid in rec.dropped:
             made = ", ".join(f"{i} ({tube})" for i, tube in rec.jobs) or "none kept"
@@ -204,6 +201,9 @@ class _JobTracker:
             copies = ", ".join(f"{i} ({t})" for i, t in rec.jobs[1:])
             made = f" into {tube}" + (f" (fanout copies: {copies})" if copies else "")
         expires = f", expires {expiry(rec.expires, rec.time)}" if rec.expires else ""
+        if type(rec) is r.PutUnique and not n:
+            self.h.key = rec.key
+            made += f" with key {rec.key}"
         dropped = (f"; discarded {plural(len(rec.dropped), 'job')} "
                    f"({', '.join(map(str, rec.dropped))}) to make room" if rec.dropped else "")
         self.ttr = max(rec.ttr, 1)
@@ -231,7 +231,7 @@ class _JobTracker:
         (_, _jid, tube, pri, delay, ttr, body, st, created, _deadline, reserver, reserves,
          timeouts, releases, buries, kicks, *rest) = item
         expires = rest[0] if rest else 0  # format 2 on
-        name = STATES[st]
+        name = STATE_NAMES[st]
         self.h.tube, self.h.alive, self.ttr, self.tube = tube, True, ttr, tube
         self.state, self.since = name, meta_time  # time in states counts from the snapshot
         holder = ""
@@ -385,7 +385,7 @@ def _ends_reservation(s: Step) -> bool:
 def _summary(h: JobHistory) -> dict:
     return {"kind": "summary", "job": h.job, "tube": h.tube, "moved_to": h.moved_to,
             "complete": h.complete,
-            "alive": h.alive, "put_seq": h.put_seq, "time_in_ns": h.time_in,
+            "alive": h.alive, "put_seq": h.put_seq, "key": h.key, "time_in_ns": h.time_in,
             "reservations": h.reservations, "counts": h.counts,
             "log_end_seq": h.log_end[0] if h.log_end else None,
             "folded": str(h.folded) if h.folded else None}
@@ -405,7 +405,7 @@ def _summary_lines(h: JobHistory) -> list[tuple[str, str, str]]:
         else:
             first = "the snapshot" if timed[0].event == "snapshot" else "its first step shown"
             out.append((f"since seq {timed[0].seq}", fmt_dur(span), f"{first} to {end}"))
-    for name in STATES:
+    for name in STATE_NAMES:
         if name in h.time_in:
             note = ""
             if name == "reserved" and h.reservations:

@@ -39,13 +39,19 @@ class TubePolicy:
     expire_to: str = ""  # tube that expired jobs move to; "" = delete them
     fanout_only: bool = False  # a parent that only feeds its `parent+child` tubes
     max_memory: int = 0  # body bytes this tube keeps in memory; 0 = server budget only
+    unique: str = ""  # "body": every put is deduplicated by its body's digest
+    unique_for: int = 3600  # seconds a key outlives its job (core/keys.py)
+    unique_keys_max: int = 100_000  # keys of gone jobs a tube retains at most
     # No limit, expiry or fanout-only: a put needs no decision (the hot path).
     plain: bool = attrs.field(init=False, eq=False, repr=False)
+    # No limit, expiry or fanout-only, whatever `unique`: a put-unique's hot path.
+    unlimited: bool = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "plain", not (
+        object.__setattr__(self, "unlimited", not (
             self.max_jobs or self.max_bytes or self.max_job_size or self.max_age
             or self.fanout_only))
+        object.__setattr__(self, "plain", self.unlimited and not self.unique)
 
     def as_toml_dict(self) -> dict[str, Any]:
         return {key: getattr(self, attr) for key, (attr, _kind) in TUBE_KEYS.items()}
@@ -61,7 +67,11 @@ TUBE_KEYS: dict[str, tuple[str, str]] = {
     "expire-to": ("expire_to", "tube"),
     "fanout-only": ("fanout_only", "bool"),
     "max-memory": ("max_memory", "size"),
+    "unique": ("unique", "unique"),
+    "unique-for": ("unique_for", "duration"),
+    "unique-keys-max": ("unique_keys_max", "count"),
 }
+UNIQUE_MODES = ("", "body")
 
 
 @attrs.frozen
@@ -135,6 +145,10 @@ def _value(kind: str, value: object, where: str) -> object:
     if kind == "bool":
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if kind == "unique":
+        if value not in UNIQUE_MODES:
+            raise ConfigError(f'{where}: expected "body" (or "" for none), got {value!r}')
         return value
     if not isinstance(value, str) or (value and not TUBE_NAME.match(value)):
         raise ConfigError(f"{where}: expected a tube name, got {value!r}")

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from smallstalk import __version__
 from smallstalk.core.state import NS, State
-from smallstalk.core.stats import tube_stats_ext
+from smallstalk.core.stats import tube_key_stats, tube_stats_ext
 from smallstalk.server.session import OUT_BOUND, Session
 from smallstalk.storage.journal import Journal
 
@@ -50,7 +50,9 @@ def tube_stats_extended(lp: Observed, name: str) -> list[tuple[str, object]]:
     counters = lp.tube_counters.get(name, {})
     return tube_stats_ext(lp.state.tubes[name]) + [
         ("puts-refused", counters.get("puts-refused", 0)),
-        ("fanout-tubes", len(lp.state.fanout.get(name, ())))]
+        ("fanout-tubes", len(lp.state.fanout.get(name, ()))),
+        ("puts-deduplicated", counters.get("puts-deduplicated", 0)),
+    ] + tube_key_stats(lp.state.keys, name)
 
 
 

@@ -1,10 +1,11 @@
-"""Read-behind ("big tubes", issue #8): bodies past a memory budget live on disk.
+"""Read-behind: bodies past a memory budget live on disk.
 
 Unit tests of the body store and the snapshot reader/writer; the real mutation
 loop in-process (spill after commit, peek/reserve byte for byte, per-tube
 budgets, fanout copies sharing a reference, read errors, compaction remap,
 recovery under a budget, a replica, replay equality). The real-process tests
-(RSS bound, SIGKILL crash round) are in tests/test_readbehind_procs.py.
+(RSS bound, SIGKILL crash round) are in tests/procs/test_readbehind.py; tube
+policies (limits, expiry, fanout) in tests/inproc/test_tube_policies.py.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from smallstalk.core import protocol as p
 from smallstalk.core.state import State
 from smallstalk.server.loop import MutationLoop
 from smallstalk.server.policy import Policies, TubePolicy
-from smallstalk.storage import aof, compactor, snapshot, snapshot_codec
+from smallstalk.storage import aof, compactor, logread, snapshot, snapshot_codec
 from smallstalk.storage.bodies import BodyStore, resolve_items
 from smallstalk.storage.journal import FSYNC_NEVER, Journal
 from smallstalk.storage.recovery import recover
@@ -368,7 +369,7 @@ async def test_replica_spills_what_it_applies(nursery, tmp_path, autojump_clock)
     nursery.start_soon(replica.run)
     records = []
     for _first, path in aof.list_segments(tmp_path / "p" / "aof"):
-        records += [e[1] for e in aof.iter_segment(path) if not isinstance(e, aof.FrameScan)]
+        records += [e[1] for e in logread.iter_segment(path) if not isinstance(e, aof.FrameScan)]
     await replica.call(replica.apply_replicated, records)
     st = replica.state
     assert in_memory(st) <= 9000 and st.spilled_bytes

@@ -12,9 +12,9 @@ import attrs
 import pytest
 
 from smallstalk.core import records
+from smallstalk.core.model import STATE_NAMES
 from smallstalk.core.state import State
-from smallstalk.core.stats import STATE_NAMES
-from smallstalk.storage import aof, recovery, snapshot, snapshot_codec
+from smallstalk.storage import aof, logread, recovery, snapshot, snapshot_codec
 from smallstalk.storage.aof import CorruptionError
 
 from ..support.bsclient import Client, connect, peek_ids, put_cmd, stats_jobs
@@ -177,7 +177,7 @@ def assert_server_matches(port: int, expected: State, ids: list[int]) -> None:
     want = {jid: j.body for jid, j in expected.jobs.items()}
     assert bodies == want
     for jid, j in expected.jobs.items():
-        name = STATE_NAMES[j.state].decode()
+        name = STATE_NAMES[j.state]
         st = stats[jid]
         assert (st["state"], int(st["pri"]), st["tube"]) == (
             "ready" if name == "reserved" else name, j.pri, j.tube.name), jid
@@ -196,7 +196,7 @@ def test_a_killed_servers_allocated_tail_is_the_end_and_startup_cuts_it(
     allocated ahead (aof.SegmentWriter). That is a clean end, not a torn tail: the
     next start-up cut the earlier runs' off, and cuts the last one's the same way."""
     segs = [path for _, path in aof.list_segments(data / "aof")]
-    ends = {path: list(aof.iter_segment(path))[-1] for path in segs}
+    ends = {path: list(logread.iter_segment(path))[-1] for path in segs}
     assert all(scan.clean for scan in ends.values())
     last = segs[-1]
     assert last.stat().st_size > ends[last].end, "the last run's segment was not allocated ahead"

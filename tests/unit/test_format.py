@@ -25,7 +25,7 @@ import pytest
 
 from smallstalk.core import records
 from smallstalk.core import state as st
-from smallstalk.core.stats import STATE_NAMES
+from smallstalk.core.model import NS, STATE_NAMES
 from smallstalk.storage import aof, compactor, recovery, snapshot_codec
 
 from ..support.procs import REPO
@@ -37,7 +37,6 @@ VERSION_DIRS = sorted(
     (p for p in SNAPSHOTS.glob("v*") if p.is_dir() and p.name[1:].isdigit()),
     key=lambda p: int(p.name[1:]),
 )
-NS = 1_000_000_000
 
 # --- reading the document ---------------------------------------------------------
 
@@ -172,7 +171,8 @@ ANNOTATIONS = {  # attrs annotation -> README types it may be documented as
     "tuple[tuple[int, str], ...]": {"(uint,text)[]"},
     "tuple[tuple[int, str, int], ...]": {"(uint,text,int)[]"},
 }
-UNITS = {"time": "ns", "deadline": "ns", "delay": "s", "ttr": "s", "expires": "ns"}
+UNITS = {"time": "ns", "deadline": "ns", "delay": "s", "ttr": "s", "expires": "ns",
+         "unique_for": "s"}
 
 
 def check_fields(cls: type, documented: list[tuple[str, str, str | None]]) -> None:
@@ -231,7 +231,7 @@ def test_volatile_table_matches_the_code() -> None:
 def test_job_state_table_matches_the_code() -> None:
     assert DOC_STATES == {st.READY: "ready", st.DELAYED: "delayed", st.RESERVED: "reserved",
                           st.BURIED: "buried"}
-    assert [n.decode() for n in STATE_NAMES] == [DOC_STATES[i] for i in range(4)]
+    assert list(STATE_NAMES) == [DOC_STATES[i] for i in range(4)]
 
 
 TYPE_CHECKS = {
@@ -250,6 +250,12 @@ TYPE_CHECKS = {
     "(uint,text,int)[]": lambda v: isinstance(v, list) and all(
         isinstance(x, list) and len(x) == 3 and TYPE_CHECKS["uint"](x[0])
         and isinstance(x[1], str) and isinstance(x[2], int) for x in v),
+    "(text,uint)[]": lambda v: isinstance(v, list) and all(
+        isinstance(x, list) and len(x) == 2 and isinstance(x[0], str)
+        and TYPE_CHECKS["uint"](x[1]) for x in v),
+    "(text,uint,int)[]": lambda v: isinstance(v, list) and all(
+        isinstance(x, list) and len(x) == 3 and isinstance(x[0], str)
+        and TYPE_CHECKS["uint"](x[1]) and isinstance(x[2], int) for x in v),
 }
 
 
@@ -578,6 +584,26 @@ def check_items(fx: Fixture, items: list[dict[str, Any]], exp: dict[str, Any]) -
         assert j["reserver"] == fx.conn(want["reserved_by"])
         if "expires" in j:  # format 2 on
             assert j["expires"] == fx.expires(want), want["id"]
+    if fx.version >= 5:
+        assert keys_of_items(by_kind.get("keys", [])) == expected_keys(fx, exp)
+
+
+def keys_of_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`keys` items, a tube's several items merged, as expected.json writes keys."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        k = out.setdefault(item["tube"], {"tube": item["tube"], "live": [], "gone": []})
+        k.update(window=item["window"], keys_max=item["keys_max"], dropped_n=item["dropped_n"])
+        k["live"] += [list(x) for x in item["live"]]
+        k["gone"] += [list(x) for x in item["gone"]]
+    return list(out.values())
+
+
+def expected_keys(fx: Fixture, exp: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"tube": k["tube"], "live": k["live"],
+             "gone": [[key, jid, fx.at(until)] for key, jid, until in k["gone"]],
+             "window": k["window"] * 10**9, "keys_max": k["keys_max"],
+             "dropped_n": k["dropped_n"]} for k in exp.get("keys", [])]
 
 
 @pytest.mark.parametrize("vdir", PARAMS)
@@ -617,7 +643,7 @@ def check_state(fx: Fixture, state: st.State, exp: dict[str, Any]) -> None:
     assert sorted(state.jobs) == [j["id"] for j in exp["jobs"]]
     for want in exp["jobs"]:
         j = state.jobs[want["id"]]
-        got = {"id": j.id, "tube": j.tube.name, "state": STATE_NAMES[j.state].decode(),
+        got = {"id": j.id, "tube": j.tube.name, "state": STATE_NAMES[j.state],
                "pri": j.pri, "delay": j.delay, "ttr": j.ttr, "body": j.body,
                "reserves": j.reserves, "timeouts": j.timeouts, "releases": j.releases,
                "buries": j.buries, "kicks": j.kicks}
@@ -628,6 +654,11 @@ def check_state(fx: Fixture, state: st.State, exp: dict[str, Any]) -> None:
         assert j.reserver == fx.conn(want["reserved_by"])
         assert state.expires.get(j.id, 0) == fx.expires(want), want["id"]
     assert state.waiting_n == 0 and not state.waiters
+    got_keys = [{"tube": tube, "live": [[key, jid] for key, jid in k.live.items()],
+                 "gone": [[key, jid, until] for key, (jid, until) in k.gone.items()],
+                 "window": k.window, "keys_max": k.keys_max, "dropped_n": k.dropped_n}
+                for tube, k in state.keys.tubes.items()]
+    assert got_keys == expected_keys(fx, exp)
 
 
 @pytest.mark.parametrize(("vdir", "name"), DIR_PARAMS)
