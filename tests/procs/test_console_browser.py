@@ -94,7 +94,7 @@ def test_every_page_opens(console, browser) -> None:
         "/": "#jobs-ready", "/tubes": "#tubes", "/tube/pages": "#jobs",
         "/tube/pages?state=buried": "#jobs", "/tube/pages?state=delayed": "#jobs",
         f"/job/{first}": "#timeline", "/travel": "#travel-form", "/travel?seq=3": "#at-seq",
-        "/replication": "#replicas", "/report": "h1",
+        "/replication": "#replicas", "/report": "h1", "/cluster": "h1",
     }
     for path, css in pages.items():
         browser.get(url + path)

@@ -221,3 +221,29 @@ def _own_producer(addrs: list[str], ledger: Ledger) -> None:
                 time.sleep(0.1)
                 continue
             ledger.note("puts", (time.monotonic(), "own", body.encode(), ref.id))
+
+
+def test_health_checks_without_ha(tmp_path):
+    """A plain primary and its replica answer the same checks: HAProxy can
+    front a manual-failover pair too."""
+    from ..support.procs import start_smallstalk
+
+    hp, hr = free_port(), free_port()
+    primary = start_smallstalk(tmp_path, "--http", f"127.0.0.1:{hp}", data_dir=tmp_path / "p")
+    replica = None
+    try:
+        replica = start_smallstalk(tmp_path, "--http", f"127.0.0.1:{hr}", "--replica-of",
+                                   f"127.0.0.1:{primary.port}", data_dir=tmp_path / "r")
+        assert codes("127.0.0.1", hp, "/primary") == (200, 200, 200)
+        assert codes("127.0.0.1", hp, "/replica") == (503, 503, 503)
+        wait_for(lambda: codes("127.0.0.1", hr, "/replica")[0] == 200, 30, "the replica")
+        assert codes("127.0.0.1", hr, "/primary") == (503, 503, 503)
+        assert codes("127.0.0.1", hr, "/replica?lag=0")[0] == 200
+        assert httpx.get(f"http://127.0.0.1:{hr}/replica?lag=x", timeout=5).status_code == 400
+        assert codes("127.0.0.1", hr, "/health") == (200, 200, 200)
+        assert "not a member of an HA cluster" in httpx.get(
+            f"http://127.0.0.1:{hp}/cluster", timeout=5).text
+    finally:
+        if replica is not None:
+            replica.stop()
+        primary.stop()
