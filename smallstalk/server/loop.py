@@ -69,8 +69,13 @@ def wall_clock() -> int:
 # A replica's own sessions take ids far above its primary's connection ids,
 # which arrive in the primary's records: sharing one would let a local
 # client's `use` or hang-up change (or release the reservations of) the
-# primary's connection in the replica's state.
+# primary's connection in the replica's state. Each process takes a range of
+# its own up there (REPLICA_RANGE ids from a random start): a promoted
+# replica's connections, which go on in its range, must not share ids with
+# the local clients of the other replicas either (HA: every member starts as
+# a replica, and any may be promoted).
 REPLICA_SESSIONS = 1 << 48
+REPLICA_RANGE = 1 << 24
 
 
 class MutationLoop:
@@ -105,6 +110,7 @@ class MutationLoop:
         self.lease_until = math.inf
         self.instance_id = os.urandom(8).hex()
         self._next_conn = state.next_conn_id
+        self._replica_next = REPLICA_SESSIONS + int.from_bytes(os.urandom(3)) * REPLICA_RANGE
         self._seq = state.last_seq  # used when there is no journal
         self._id_floor = 0  # ids below this were given out (or burned) already
         # The inbox: what connections hand the loop, taken whole by the next
@@ -149,10 +155,12 @@ class MutationLoop:
         """A new connection's session; `peer` and `transport` decide whether it
         may run admin commands without `auth` (server/admin.py); `dialect`:
         another protocol's (Session.dialect)."""
-        sid = self._next_conn
-        if self.role == "replica" and sid < REPLICA_SESSIONS:
-            sid = REPLICA_SESSIONS
-        self._next_conn = sid + 1
+        if self.role == "replica":
+            sid = self._replica_next
+            self._replica_next = sid + 1
+        else:
+            sid = self._next_conn
+            self._next_conn = sid + 1
         s = Session(sid, deliver, self._resume_cb, peer, transport, dialect)
         s.admin = self.admin.trusts(peer, transport)
         self._post(("open", s))
@@ -241,6 +249,8 @@ class MutationLoop:
         """Take changes from clients (a promotion); the follower is stopped already."""
         self.role, self.follower = "primary", None
         self.read_only = None
+        # New connections go on in this process's range, past every id in the log.
+        self._next_conn = max(self._next_conn, self.state.next_conn_id, self._replica_next)
 
     # HA (replication/ha.py): the leader lease, enforced here (see `turn`, and
     # where the commit releases replies).
