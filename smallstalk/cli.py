@@ -182,7 +182,7 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
     lp = MutationLoop(state, journal, cfg.data_dir, max_job_size=cfg.max_job_size,
                       min_replica_acks=cfg.min_replica_acks,
                       replica_ack_timeout=cfg.replica_ack_timeout)
-    lp.policies = cfg.policies
+    lp.set_policies(cfg.policies, sync=False)  # its Limits records follow Restart
     lp.extended_stats = cfg.extended_stats
     token = read_token(cfg.admin_token_file) if cfg.admin_token_file else None
     lp.admin = AdminPolicy(token, parse_allow(cfg.admin_allow))
@@ -207,6 +207,7 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
         if not state.epochs:  # a fresh log gets its own history id
             lp.log(r.NewEpoch, 1, new_history())
         lp.log(r.Restart)  # connections of an earlier run are gone
+        lp.sync_limits()
         await journal.commit()
     listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in sockets]
     if contexts.server is not None:

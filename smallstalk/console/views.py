@@ -83,7 +83,8 @@ def job(lp: MutationLoop, jid: int, body_limit: int) -> dict[str, Any] | None:
     j = st.jobs.get(jid)
     if j is None:
         return None
-    stats = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in job_stats(j, lp.now)}
+    stats = {k: (v.decode() if isinstance(v, bytes) else v)
+             for k, v in job_stats(j, lp.now) + server_stats.job_stats_extended(lp, jid)}
     try:
         body = lp.body_of(j)[:body_limit]
         error = ""

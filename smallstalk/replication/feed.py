@@ -211,6 +211,7 @@ def promote(lp: MutationLoop) -> int:
     lp.log(r.Restart)
     epoch = lp.state.epoch[0] + 1
     lp.log(r.NewEpoch, epoch, new_history())
+    lp.sync_limits()  # this server's configuration from now on
     log.info("promoted to primary, epoch %d", epoch)
     return epoch
 

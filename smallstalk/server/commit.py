@@ -204,6 +204,8 @@ class GroupCommit:
             top = rec.id
         elif kind is r.PutJobs and rec.jobs:
             top = rec.jobs[-1][0]
+        elif kind is r.Fire and rec.id:
+            top = rec.id
         else:
             if kind is r.Kick:
                 self.kick_seq = rec.seq
