@@ -199,3 +199,144 @@ async def test_release_backoff_only_without_a_delay(nursery, tmp_path, autojump_
     assert stat(await c.ask(b"stats-job 1\r\n"), "time-left") == "3"
     assert_replays(lp, tmp_path)
     await assert_replica_agrees(lp, tmp_path, nursery)
+
+
+# --- concurrency ---------------------------------------------------------------------
+
+
+async def test_max_reserved_holds_the_tube_like_an_empty_one(nursery, tmp_path,
+                                                             autojump_clock) -> None:
+    lp = await started(nursery, tmp_path)
+    await configure(lp, tmp_path, "[tubes.work]\nmax-reserved = 2\n")
+    c = Client(lp)
+    await c.ask(b"use work\r\n")
+    for i in range(4):
+        await c.ask(b"put 0 0 60 1\r\n%d\r\n" % i)
+    a, b = Client(lp), Client(lp)
+    for x in (a, b):
+        await x.ask(b"watch work\r\n")
+        await x.ask(b"ignore default\r\n")
+    assert (await a.ask(b"reserve\r\n")).startswith(b"RESERVED 1 ")
+    assert (await a.ask(b"reserve\r\n")).startswith(b"RESERVED 2 ")
+    assert await b.ask(b"reserve-with-timeout 0\r\n") == p.TIMED_OUT
+    info = await c.ask(b"stats-job 3\r\n")
+    assert stat(info, "held-back") == '"tube at its concurrency limit (max-reserved 2)"'
+    assert stat(await c.ask(b"ext-stats-tube work\r\n"), "held-back") == (
+        '"at its concurrency limit (max-reserved 2)"')
+    # While it is full a reserve takes from the worker's other watched tubes...
+    await c.ask(b"use other\r\n")
+    await c.ask(b"put 0 0 60 1\r\no\r\n")
+    await b.ask(b"watch other\r\n")
+    assert (await b.ask(b"reserve-with-timeout 0\r\n")).startswith(b"RESERVED 5 ")
+    await b.ask(b"delete 5\r\n")
+    # ...or waits, and is woken when a slot frees.
+    b.send(b"reserve\r\n")
+    await settle()
+    assert lp.state.waiting_n == 1
+    assert await a.ask(b"delete 1\r\n") == b"DELETED\r\n"
+    assert (await b.recv()).startswith(b"RESERVED 3 ")
+    assert lp.state.tubes["work"].reserved_n == 2
+    assert_replays(lp, tmp_path)
+    await assert_replica_agrees(lp, tmp_path, nursery)
+
+
+async def test_reload_changes_the_limit_while_jobs_are_reserved(nursery, tmp_path,
+                                                                autojump_clock) -> None:
+    lp = await started(nursery, tmp_path)
+    await configure(lp, tmp_path, "[tubes.default]\n[tubes.work]\nmax-reserved = 3\n")
+    c = Client(lp)
+    await c.ask(b"use work\r\n")
+    await c.ask(b"watch work\r\n")
+    for i in range(6):
+        await c.ask(b"put 0 0 60 1\r\n%d\r\n" % i)
+    for jid in (1, 2, 3):
+        assert (await c.ask(b"reserve\r\n")).startswith(b"RESERVED %d " % jid)
+    # Down to 1 while 3 are held: nothing more until fewer than 1 are reserved.
+    await configure(lp, tmp_path, "[tubes.work]\nmax-reserved = 1\n")
+    w = Client(lp)
+    await w.ask(b"watch work\r\n")
+    w.send(b"reserve\r\n")
+    await settle()
+    await c.ask(b"delete 1\r\n")
+    await c.ask(b"delete 2\r\n")
+    await settle()
+    assert lp.state.waiting_n == 1
+    await c.ask(b"delete 3\r\n")
+    assert (await w.recv()).startswith(b"RESERVED 4 ")
+    # Up to 3: the waiting worker gets a job as the reload's turn ends.
+    w2 = Client(lp)
+    await w2.ask(b"watch work\r\n")
+    w2.send(b"reserve\r\n")
+    await settle()
+    assert lp.state.waiting_n == 1
+    await configure(lp, tmp_path, "[tubes.work]\nmax-reserved = 3\n")
+    assert (await w2.recv()).startswith(b"RESERVED 5 ")
+    # The limit removed: a Limits record with zeros, the state forgets it.
+    await configure(lp, tmp_path, "")
+    assert "work" not in lp.state.limits
+    limits = records_of(tmp_path, r.Limits)
+    assert [(x.tube, x.max_reserved) for x in limits] == [
+        ("work", 3), ("work", 1), ("work", 3), ("work", 0)]
+    assert_replays(lp, tmp_path)
+    await assert_replica_agrees(lp, tmp_path, nursery)
+
+
+# --- rate ----------------------------------------------------------------------------
+
+
+async def test_max_rate_is_a_token_bucket_and_wakes_waiters(nursery, tmp_path,
+                                                            autojump_clock) -> None:
+    lp = await started(nursery, tmp_path)
+    await configure(lp, tmp_path, '[tubes.api]\nmax-rate = "4/s"\n')
+    c = Client(lp)
+    await c.ask(b"use api\r\n")
+    for i in range(12):
+        await c.ask(b"put 0 0 60 2\r\n%02d\r\n" % i)
+    w = Client(lp)
+    await w.ask(b"watch api\r\n")
+    t0 = trio.current_time()
+    times = []
+    for _ in range(12):
+        reply = await w.ask(b"reserve\r\n")
+        assert reply.startswith(b"RESERVED ")
+        times.append(round(trio.current_time() - t0, 3))
+        await w.ask(b"delete %s\r\n" % reply.split()[1])
+    # A full bucket of 4 at once, then one token every 0.25 s.
+    assert times == [0, 0, 0, 0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0], times
+    # No polling: the loop slept until each token was due.
+    assert lp.state.limits["api"].rate == 4
+    await c.ask(b"put 0 0 60 1\r\nx\r\n")
+    held = lp.state.held_back(13, lp.now)
+    assert held is not None and held[0] == "rate"
+    assert stat(await c.ask(b"stats-job 13\r\n"), "held-back").startswith(
+        '"tube out of rate tokens until ')
+    assert await w.ask(b"reserve-with-timeout 0\r\n") == p.TIMED_OUT
+    await trio.sleep(1)
+    assert stat(await c.ask(b"ext-stats-tube api\r\n"), "rate-tokens") == "4"
+    assert_replays(lp, tmp_path)
+    await assert_replica_agrees(lp, tmp_path, nursery)
+
+
+async def test_rate_state_survives_a_restart(tmp_path, autojump_clock) -> None:
+    """The bucket is state from records: a restart does not refill it."""
+    async with trio.open_nursery() as nursery:
+        lp = await started(nursery, tmp_path)
+        await configure(lp, tmp_path, '[tubes.api]\nmax-rate = "2/m"\n')
+        c = Client(lp)
+        await c.ask(b"use api\r\n")
+        await c.ask(b"watch api\r\n")
+        for i in range(3):
+            await c.ask(b"put 0 0 600 1\r\n%d\r\n" % i)
+        for jid in (1, 2):
+            assert (await c.ask(b"reserve-with-timeout 0\r\n")).startswith(b"RESERVED %d" % jid)
+        nursery.cancel_scope.cancel()
+    async with trio.open_nursery() as nursery:
+        lp = await started(nursery, tmp_path)
+        assert lp.state.limits["api"].rate == 2
+        c = Client(lp)
+        await c.ask(b"watch api\r\n")
+        assert await c.ask(b"reserve-with-timeout 0\r\n") == p.TIMED_OUT
+        t0 = trio.current_time()
+        assert (await c.ask(b"reserve\r\n")).startswith(b"RESERVED 3 ")
+        assert 29 < trio.current_time() - t0 <= 30.01
+        nursery.cancel_scope.cancel()
