@@ -293,7 +293,8 @@ class State(Moves, Queries):
         last = self.schedules.get(rec.schedule)
         if last is not None and rec.at <= last[0]:
             raise StateError(f"schedule {rec.schedule!r} fired at {rec.at} after {last[0]}")
-        self.schedules[rec.schedule] = (rec.at, rec.id)
+        # A skipped firing keeps the last job made: skip-if-pending asks after it.
+        self.schedules[rec.schedule] = (rec.at, rec.id or (last[1] if last else 0))
         if rec.id:
             self._new_job(rec.id, rec.tube, rec, rec.body, 0)
 
