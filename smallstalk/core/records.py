@@ -267,7 +267,7 @@ class Requeue:
     `cause` says why they leave their reservation: 0 their TTR ran out (a
     Timeout that counts a timeout), 1 `conn` released them with priority
     `pri` (a Release that counts a release), 2 `conn` closed (logged just
-    before its Disconnect). Each move is `(id, until, to, reason)`: with no
+    before its Disconnect). Each outcome is `(id, until, to, reason)`: with no
     `reason` the job is ready again (`until` 0) or delayed until `until`
     (ns, back-off); with a `reason` (an attempt limit reached) it is buried
     (`to` "") or moved, ready, to the dead-letter tube `to`, keeping its id
@@ -280,7 +280,7 @@ class Requeue:
     conn: int
     cause: int
     pri: int
-    moves: tuple[tuple[int, int, str, str], ...] = attrs.field(
+    outcomes: tuple[tuple[int, int, str, str], ...] = attrs.field(
         converter=lambda xs: tuple((int(i), int(u), str(t), str(w)) for i, u, t, w in xs))
 
 

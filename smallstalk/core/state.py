@@ -253,7 +253,7 @@ class State(Moves, Queries):
             raise StateError(f"unknown requeue cause {cause}")
         if cause != r.REQUEUE_TIMEOUT:
             self._conn(rec.conn)
-        for jid, until, to, reason in rec.moves:
+        for jid, until, to, reason in rec.outcomes:
             j = self._job(jid)
             if j.state != RESERVED or (cause != r.REQUEUE_TIMEOUT and j.reserver != rec.conn):
                 raise StateError(f"job {jid} is not reserved by connection {rec.conn}")

@@ -82,8 +82,11 @@ class Schedule:
 
 
 def _check_cron(expr: object, tz: str, where: str) -> None:
-    from cronsim import CronSim, CronSimError
-
+    try:
+        from cronsim import CronSim, CronSimError
+    except ImportError:
+        raise ConfigError(f"{where}: schedules need the cronsim package: "
+                          "pip install 'smallstalk[schedules]'") from None
     if not isinstance(expr, str) or len(expr.split()) != 5:
         raise ConfigError(f'{where}.cron: expected 5 fields like "*/5 * * * *", got {expr!r}')
     try:

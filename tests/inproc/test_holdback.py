@@ -14,6 +14,8 @@ import trio
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import NS
+from smallstalk.ops.dump import details
+from smallstalk.ops.job_history import job_history
 from smallstalk.server.loop import MutationLoop
 from smallstalk.storage import aof, snapshot_codec
 
@@ -90,12 +92,18 @@ async def test_max_timeouts_buries_with_the_reason(nursery, tmp_path, autojump_c
     ext = await c.ask(b"ext-stats-tube work\r\n")
     assert stat(ext, "jobs-exhausted") == "1"
     (req,) = records_of(tmp_path, r.Requeue)
-    assert req.cause == r.REQUEUE_TIMEOUT and req.moves[0][2:] == (
+    assert req.cause == r.REQUEUE_TIMEOUT and req.outcomes[0][2:] == (
         "", "exhausted: TTR ran out 2 times (max-timeouts 2)")
     assert len(records_of(tmp_path, r.Timeout)) == 1  # the first timeout: no policy needed
     # A kick gives it another go, and takes the reason away.
     await c.ask(b"kick-job 1\r\n")
     assert stat(await c.ask(b"stats-job 1\r\n"), "held-back") == '""'
+    # The replay tools tell it: job-history's steps, aof dump's line.
+    steps = [(s.event, s.state, s.text) for s in job_history(tmp_path, 1).steps]
+    assert ("timeout", "buried",
+            f"TTR (1s) ran out: conn {c.id} lost it; exhausted: TTR ran out 2 times "
+            "(max-timeouts 2): buried") in steps
+    assert details(req) == "timeout  1 exhausted: TTR ran out 2 times (max-timeouts 2): buried"
     assert_replays(lp, tmp_path)
     await assert_replica_agrees(lp, tmp_path, nursery)
 
