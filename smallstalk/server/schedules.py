@@ -87,8 +87,10 @@ def _check_cron(expr: object, tz: str, where: str) -> None:
     except ImportError:
         raise ConfigError(f"{where}: schedules need the cronsim package: "
                           "pip install 'smallstalk[schedules]'") from None
-    if not isinstance(expr, str) or len(expr.split()) != 5:
-        raise ConfigError(f'{where}.cron: expected 5 fields like "*/5 * * * *", got {expr!r}')
+    # Five fields; six put seconds first (cronsim's form), for schedules below a minute.
+    if not isinstance(expr, str) or len(expr.split()) not in (5, 6):
+        raise ConfigError(f'{where}.cron: expected 5 fields like "*/5 * * * *" (or 6, '
+                          f"seconds first), got {expr!r}")
     try:
         from zoneinfo import ZoneInfo
 
