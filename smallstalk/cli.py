@@ -22,7 +22,6 @@ import trio
 from smallstalk import __version__, listen
 from smallstalk.config import (
     ServeConfig,
-    UsageError,
     memcache_address,
     parse_serve,
     server_changes,
@@ -41,6 +40,7 @@ from smallstalk.storage import datadir
 from smallstalk.storage.aof import FSYNC_INTERVAL, CorruptionError, make_dirs
 from smallstalk.storage.bodies import BodyStore
 from smallstalk.storage.journal import Journal
+from smallstalk.usage import EXIT_USAGE, UsageError
 
 log = logging.getLogger("smallstalk")
 
@@ -182,14 +182,13 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
     lp = MutationLoop(state, journal, cfg.data_dir, max_job_size=cfg.max_job_size,
                       min_replica_acks=cfg.min_replica_acks,
                       replica_ack_timeout=cfg.replica_ack_timeout)
-    lp.set_policies(cfg.policies, sync=False)  # its Limits records follow Restart
-    lp.extended_stats = cfg.extended_stats
     token = read_token(cfg.admin_token_file) if cfg.admin_token_file else None
-    lp.admin = AdminPolicy(token, parse_allow(cfg.admin_allow))
-    lp.replication = Hooks()  # `replicate` and `promote` (server/ does not import replication/)
+    lp.configure(policies=cfg.policies, config_path=cfg.config_path,
+                 admin=AdminPolicy(token, parse_allow(cfg.admin_allow)),
+                 extended_stats=cfg.extended_stats,
+                 replication=Hooks())  # server/ does not import replication/
     if journal is not None:
         lp.use_bodies(bodies)
-    lp.config_path = cfg.config_path
     if cfg.config_path is not None:
         log.info("configuration from %s (tube policies: default and %d named tubes)",
                  cfg.config_path, len(cfg.policies.tubes))
@@ -263,7 +262,7 @@ async def _signals(scope: trio.CancelScope, lp: MutationLoop, cfg: ServeConfig |
         async with trio.open_nursery() as reloads:
             async for sig in sigs:
                 if sig == signal.SIGUSR1:
-                    lp.draining = True
+                    lp.start_draining()
                     log.info("drain mode: new jobs are refused")
                 elif sig == signal.SIGHUP:
                     reloads.start_soon(_reload, lp, cfg)
@@ -357,6 +356,7 @@ def promote_command(argv: list[str]) -> int:
     if not host or not port.isdigit() or int(port) > 65535:
         raise UsageError(f"promote: not HOST:PORT: {args[0]}")
     # Imported here: the client package is not on the server's start-up path.
+    from smallstalk.client import BeanstalkError, Client, CommandError
     from smallstalk.client.security import token_for_tool
 
     try:
@@ -364,29 +364,23 @@ def promote_command(argv: list[str]) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     ctx = _promote_tls(opts)
-    hello = b"" if token is None else p.render(p.Auth(token))
+    client = Client(args[0], connect_timeout=30, read_timeout=30, ssl_context=ctx, token=token)
     try:
-        with socket.create_connection((host, int(port)), timeout=30) as tcp, (
-                ctx.wrap_socket(tcp, server_hostname=host) if ctx else tcp) as sock:
-            sock.sendall(hello + p.render(p.PROMOTE))
-            reply = b""
-            while reply.count(b"\r\n") < (2 if token is not None else 1):
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                reply += chunk
-    except OSError as e:
-        print(f"smallstalk promote: {args[0]}: {e.strerror or e}", file=sys.stderr)
+        print(f"{p.PROMOTED_WORD.decode()} {client.promote()}")
+        return 0
+    except CommandError as e:
+        if token is not None and e.reply == p.UNAUTHORIZED_WORD:
+            # With a token the command itself is never refused: `auth` was.
+            print(f"smallstalk promote: {args[0]} refused the admin token: {e.reply_line()}",
+                  file=sys.stderr)
+        else:
+            print(e.reply_line())  # the replica's answer: NOT_A_REPLICA, UNAUTHORIZED ...
         return 1
-    if token is not None:
-        first, _, reply = reply.partition(b"\r\n")
-        if first + b"\r\n" != p.OK:
-            print(f"smallstalk promote: {args[0]} refused the admin token: "
-                  f"{first.decode(errors='replace')}", file=sys.stderr)
-            return 1
-    text = reply.decode(errors="replace").strip()
-    print(text)
-    return 0 if reply.strip().startswith(p.PROMOTED_WORD) else 1
+    except BeanstalkError as e:
+        print(f"smallstalk promote: {e}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
 
 
 def _early_socket_fits(argv: list[str], cfg: ServeConfig) -> bool:
@@ -542,6 +536,6 @@ def main(argv: list[str] | None = None, listen_sockets: list[socket.socket] | No
         raise UsageError(f"unknown command: {command}")
     except UsageError as e:
         known = command == "serve" or command == "promote" or command in TOOL_COMMANDS
-        print(f"smallstalk: {e} (see `smallstalk {command + ' -h' if known else 'help'}`)",
+        print(e.line("smallstalk", f"smallstalk {command} -h" if known else "smallstalk help"),
               file=sys.stderr)
-        return 5 if command == "serve" else 2
+        return 5 if command == "serve" else EXIT_USAGE

@@ -27,6 +27,7 @@ from smallstalk.server.policy import (
     read_toml,
 )
 from smallstalk.storage.aof import FSYNC_ALWAYS, FSYNC_INTERVAL, FSYNC_NEVER
+from smallstalk.usage import UsageError
 
 SERVE_HELP = """\
 Usage: smallstalk serve [OPTIONS]     (or: smallstalk [beanstalkd flags])
@@ -119,9 +120,6 @@ Operator console (needs the extra: pip install smallstalk[console]):
  --http ADDR:PORT        serve /metrics and the web console there (default: off);
                          over HTTPS with --tls-cert
 """
-
-class UsageError(Exception):
-    pass
 
 
 @attrs.define

@@ -28,9 +28,9 @@ from collections import deque
 from pathlib import Path
 
 from smallstalk.core import records as r
+from smallstalk.core.model import NS
 from smallstalk.storage import aof
 
-NS = 1_000_000_000
 DAY_NS = 86_400 * NS
 DEFAULT_START_NS = 1_767_225_600 * NS  # 2026-01-01T00:00:00Z
 

@@ -75,11 +75,11 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-NS = 1_000_000_000
+from smallstalk.core.model import NS, STATE_NAMES
+
 DAY_NS = 86_400 * NS
 WINDOWS = {"minute": 60 * NS, "hour": 3_600 * NS}
 QUANTILES = (0.5, 0.95, 0.99)
-STATES = ("ready", "delayed", "reserved", "buried")
 JOB_OPS = ("put", "reserve", "delete", "release", "bury", "touch", "snapshot")
 MULTI_OPS = ("kick", "promote", "timeout")
 IMPLICIT_OPS = ("disconnect", "restart")
@@ -403,7 +403,7 @@ def windowed(jobs: DataFrame, attempts: DataFrame, width_ns: int, accuracy: int,
         F.sum(F.when(col("op").isin(*IMPLICIT_OPS), 1).otherwise(0)).cast("long")
         .alias("implicit_releases"),
         F.sum(F.when(col("op").isin(*EXPIRY_OPS), 1).otherwise(0)).cast("long").alias("expiries"),
-        *[F.sum(moved(s)).cast("long").alias(f"d_{s}") for s in STATES])
+        *[F.sum(moved(s)).cast("long").alias(f"d_{s}") for s in STATE_NAMES])
     att = (attempts.where(col("tube").isNotNull())
            .withColumn("window_ns", floor_to(col("reserve_ns"), width_ns))
            .groupBy("tube", "window_ns").agg(
@@ -425,18 +425,18 @@ def windowed(jobs: DataFrame, attempts: DataFrame, width_ns: int, accuracy: int,
         "tube", col("w").alias("window_ns"),
         *[F.when(own, col(m)).otherwise(0).alias(m) for m in metrics],
         *[F.when(own, col(m)).alias(m) for m in latency],
-        *[F.when(own, col(f"d_{s}")).otherwise(0).alias(f"d_{s}") for s in STATES])
+        *[F.when(own, col(f"d_{s}")).otherwise(0).alias(f"d_{s}") for s in STATE_NAMES])
     running = Window.partitionBy("tube").orderBy("window_ns").rowsBetween(
         Window.unboundedPreceding, Window.currentRow)
-    out = out.withColumns({s: F.sum(f"d_{s}").over(running).cast("long") for s in STATES})
-    out = out.withColumn("backlog", sum((col(s) for s in STATES), F.lit(0)).cast("long"))
+    out = out.withColumns({s: F.sum(f"d_{s}").over(running).cast("long") for s in STATE_NAMES})
+    out = out.withColumn("backlog", sum((col(s) for s in STATE_NAMES), F.lit(0)).cast("long"))
     rate = {f"{name}_rate": F.when(col("reserves") > 0, col(name) / col("reserves"))
             for name in ("releases", "buries", "timeouts")}
     return (out.withColumns(rate)
             .withColumn("window", ns_timestamp(col("window_ns")))
             .withColumn("day", ns_day(col("window_ns")))
             .select("window_ns", "window", *metrics, *rate, *latency,
-                    "backlog", *STATES, "tube", "day"))
+                    "backlog", *STATE_NAMES, "tube", "day"))
 
 
 def tube_summary(jobs: DataFrame, attempts: DataFrame, minutes: DataFrame,
@@ -457,7 +457,7 @@ def tube_summary(jobs: DataFrame, attempts: DataFrame, minutes: DataFrame,
         *[F.sum(F.when(col("state") == s, 1).otherwise(0)).cast("long").alias(s) for s in ENDS],
         F.sum(F.when(~col("state").isin(*ENDS), 1).otherwise(0)).cast("long").alias("open"),
         *[F.sum(F.when(col("state") == s, 1).otherwise(0)).cast("long").alias(f"open_{s}")
-          for s in STATES],
+          for s in STATE_NAMES],
         *[F.sum(c).cast("long").alias(c) for c in (
             "reserves", "releases", "buries", "timeouts", "kicks", "touches",
             "implicit_releases", "expiries")],
@@ -574,7 +574,7 @@ def run(spark: SparkSession, records: DataFrame, out: Path | str, accuracy: int 
 
 def series(spark: SparkSession, out: Path | str, width: str) -> dict[str, list[dict[str, Any]]]:
     """Per tube, the window rows the report charts (a small aggregate)."""
-    keep = ["tube", "window_ns", "puts", "deletes", "reserves", "timeouts", "backlog", *STATES,
+    keep = ["tube", "window_ns", "puts", "deletes", "reserves", "timeouts", "backlog", *STATE_NAMES,
             "wait_p50_ms", "wait_p95_ms", "wait_p99_ms", "run_p50_ms", "run_p95_ms", "run_p99_ms"]
     infer = "spark.sql.sources.partitionColumnTypeInference.enabled"
     before = spark.conf.get(infer, "true")

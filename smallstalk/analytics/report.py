@@ -14,8 +14,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from smallstalk.core.model import NS
+
 Row = dict[str, Any]
-NS = 1_000_000_000
 
 
 # --- formatting ---------------------------------------------------------------------

@@ -61,10 +61,10 @@ except ImportError:  # planning and reading need pyarrow only; the data source c
 
 
 from smallstalk.core import records
+from smallstalk.core.model import STATE_NAMES
 from smallstalk.storage import aof, datadir, snapshot
 
 NAME = "smallstalk"
-JOB_STATES = ("ready", "delayed", "reserved", "buried")
 
 SNAP_FIELDS = (
     ("state", pa.string()), ("created", pa.int64()), ("deadline", pa.int64()),
@@ -320,7 +320,7 @@ class Batcher:
          reserves, timeouts, releases, buries, kicks, *rest) = item  # format 2: + expires
         n = self.n
         c = self.cols
-        state = JOB_STATES[st]
+        state = STATE_NAMES[st]
         for name, v in (("seq", seq), ("time", time), ("op", "snapshot"), ("id", jid),
                         ("tube", tube), ("pri", pri), ("delay", delay), ("ttr", ttr),
                         ("expires", rest[0] if rest else 0),

@@ -262,3 +262,26 @@ class AsyncClient:
 
     async def flush_tube(self, tube: str, *, server: str | None = None) -> int:
         return await self._run(self._core.flush_tube(tube, server))
+
+    # admin (smallstalk only: the server's admin token, or an address it trusts) ----
+
+    async def promote(self, *, server: str | None = None) -> int:
+        """Make a replica a primary; its new epoch. NotAReplica if it is not one."""
+        return await self._run(self._core.promote(server))
+
+    async def config(self, *, server: str | None = None) -> str:
+        """The server's effective per-tube settings, as YAML (`smallstalk config dump`)."""
+        return await self._run(self._core.config(server))
+
+    async def reload_config(self, *, server: str | None = None) -> None:
+        """Re-read the per-tube settings from the server's --config file; NotReloaded
+        (its text says why) leaves the old ones in force."""
+        await self._run(self._core.reload_config(server))
+
+    async def ext_stats(self, *, server: str | None = None) -> dict[str, str]:
+        """smallstalk's own server statistics (role, replication, storage)."""
+        return await self._run(self._core.ext_stats(server))
+
+    async def ext_stats_tube(self, tube: str, *, server: str | None = None) -> dict[str, str]:
+        """smallstalk's own statistics of a tube (expired, discarded, bytes)."""
+        return await self._run(self._core.ext_stats_tube(tube, server))

@@ -449,6 +449,26 @@ class _Core:
     def flush_tube(self, tube: str, server: str | None) -> _Op[int]:
         return (yield from self.one(self._one_server(server), p.FlushTube(_check_tube(tube))))
 
+    # The admin commands (smallstalk only): one server each, the client's token first.
+
+    def promote(self, server: str | None) -> _Op[int]:
+        """`promote`: the replica's new epoch (NotAReplica if it is none)."""
+        return (yield from self.one(self._one_server(server), p.PROMOTE))
+
+    def config(self, server: str | None) -> _Op[str]:
+        """`config`: the effective per-tube settings, as YAML text."""
+        return (yield from self.one(self._one_server(server), p.CONFIG))
+
+    def reload_config(self, server: str | None) -> _Op[None]:
+        """`reload-config` (NotReloaded, saying why, if the file is refused)."""
+        yield from self.one(self._one_server(server), p.RELOAD_CONFIG)
+
+    def ext_stats(self, server: str | None) -> _Op[dict[str, str]]:
+        return (yield from self.one(self._one_server(server), p.EXT_STATS))
+
+    def ext_stats_tube(self, tube: str, server: str | None) -> _Op[dict[str, str]]:
+        return (yield from self.one(self._one_server(server), p.ExtStatsTube(_check_tube(tube))))
+
     def _on_every_server_that_has_it(self, cmd: p.Command) -> _Op[None]:
         results = [r for _, r in (yield from self._each((cmd,), 0))]
         if all(isinstance(r, NotFound) for r in results):

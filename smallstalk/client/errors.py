@@ -35,11 +35,16 @@ class CommandError(BeanstalkError):
 
     reply = b""
 
-    def __init__(self, server: str = "", detail: str = "") -> None:
+    def __init__(self, server: str = "", detail: str = "", said: str = "") -> None:
         text = self.reply.decode()
         super().__init__(f"{text} from {server}{': ' + detail if detail else ''}"
                          if server else text)
         self.server = server
+        self.said = said  # the rest of the reply line, as the server wrote it
+
+    def reply_line(self) -> str:
+        """The error reply as the server sent it (without CRLF)."""
+        return f"{self.reply.decode()} {self.said}" if self.said else self.reply.decode()
 
 
 class OutOfMemory(CommandError):
@@ -96,7 +101,7 @@ class Buried(CommandError):
     reply = word_of(p.BURIED)
 
     def __init__(self, server: str = "", detail: str = "", job_id: int | None = None) -> None:
-        super().__init__(server, detail)
+        super().__init__(server, detail, str(job_id) if job_id is not None else "")
         self.job_id = job_id
 
 
@@ -105,13 +110,27 @@ class Unauthorized(CommandError):
 
     reply = word_of(p.UNAUTHORIZED)
 
-    def __init__(self, server: str = "", detail: str = "the server refused the token") -> None:
-        super().__init__(server, detail)
+    def __init__(self, server: str = "", detail: str = "the server refused the token",
+                 said: str = "") -> None:
+        super().__init__(server, detail, said)
+
+
+class NotAReplica(CommandError):
+    """`promote` sent to a server that is not a replica."""
+
+    reply = word_of(p.NOT_A_REPLICA)
+
+
+class NotReloaded(CommandError):
+    """`reload-config` failed (the reason is the text); the old settings stay in force."""
+
+    reply = word_of(p.not_reloaded("x"))
 
 
 ERRORS: dict[bytes, type[CommandError]] = {
     cls.reply: cls
     for cls in (OutOfMemory, InternalError, BadFormat, UnknownCommand, ExpectedCRLF, JobTooBig,
-                Draining, NotFound, NotIgnored, TimedOut, DeadlineSoon, Buried, Unauthorized)
+                Draining, NotFound, NotIgnored, TimedOut, DeadlineSoon, Buried, Unauthorized,
+                NotAReplica, NotReloaded)
 }
 

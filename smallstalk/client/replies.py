@@ -10,7 +10,7 @@ import attrs
 
 from smallstalk.core import protocol as p
 
-from .errors import ERRORS, Buried, ProtocolError, word_of
+from .errors import ERRORS, Buried, ProtocolError, Unauthorized, word_of
 
 REPLY_LINE_MAX = 1024  # a reply line is short: a word and at most two numbers or a tube name
 
@@ -313,6 +313,12 @@ _SUCCESS: dict[type, tuple[bytes, Any]] = {
     p.Auth: (_OK, None),
     p.ListJobs: (_OK, lambda r, s: [int(i) for i in _yaml_list(_ok_body(r))]),
     p.FlushTube: (word_of(p.flushed(0)), lambda r, s: _int_arg(r)),
+    # The admin commands (smallstalk only; a token or a trusted address).
+    p.PromoteReplica: (p.PROMOTED_WORD, lambda r, s: _int_arg(r)),
+    p.ConfigDump: (_OK, lambda r, s: _ok_body(r).decode("utf-8", "replace")),
+    p.ReloadConfig: (word_of(p.RELOADED), None),
+    p.ExtStats: (_OK, lambda r, s: _yaml_map(_ok_body(r))),
+    p.ExtStatsTube: (_OK, lambda r, s: _yaml_map(_ok_body(r))),
 }
 
 
@@ -327,6 +333,11 @@ def interpret(cmd: p.Command, reply: Reply, server: str = "") -> Any:
             cmd, "id", None)
         raise Buried(server, "", job_id)
     if error is not None:
+        said = b" ".join(reply.args).decode("utf-8", "replace")
+        if said:  # the server's own words: why a reload failed, how to get admin rights
+            raise error(server, said, said=said)
+        if error is Unauthorized and type(cmd) is not p.Auth:
+            raise Unauthorized(server, "an admin command: connect with the admin token")
         raise error(server)
     raise ProtocolError(f"unexpected reply to {type(cmd).__name__}: "
                         f"{b' '.join((reply.word, *reply.args))!r}")

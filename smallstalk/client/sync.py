@@ -304,5 +304,28 @@ class Client:
         """Delete a tube's ready, delayed and buried jobs; how many (smallstalk only)."""
         return self._run(self._core.flush_tube(tube, server))
 
+    # admin (smallstalk only: the server's admin token, or an address it trusts) ----
+
+    def promote(self, *, server: str | None = None) -> int:
+        """Make a replica a primary; its new epoch. NotAReplica if it is not one."""
+        return self._run(self._core.promote(server))
+
+    def config(self, *, server: str | None = None) -> str:
+        """The server's effective per-tube settings, as YAML (`smallstalk config dump`)."""
+        return self._run(self._core.config(server))
+
+    def reload_config(self, *, server: str | None = None) -> None:
+        """Re-read the per-tube settings from the server's --config file; NotReloaded
+        (its text says why) leaves the old ones in force."""
+        self._run(self._core.reload_config(server))
+
+    def ext_stats(self, *, server: str | None = None) -> dict[str, str]:
+        """smallstalk's own server statistics (role, replication, storage)."""
+        return self._run(self._core.ext_stats(server))
+
+    def ext_stats_tube(self, tube: str, *, server: str | None = None) -> dict[str, str]:
+        """smallstalk's own statistics of a tube (expired, discarded, bytes)."""
+        return self._run(self._core.ext_stats_tube(tube, server))
+
 
 # --- the trio client -------------------------------------------------------

@@ -3,9 +3,10 @@
 `serve(lp, cfg)` is one more task in the broker's nursery (cli.py starts it
 for `--http`): hypercorn's trio worker runs the ASGI app in the broker's own
 trio loop. Pages read the live state only through views.py (inside loop
-turns, paged); the replay tools run as child processes (tools.py). Writes are
-protocol commands on a session of their own, like a client's, and pass the
-checks in `Guard` first (docs/CONSOLE.md, Security).
+turns, paged); the replay tools run as child processes (replay_procs.py).
+Writes are protocol commands on an in-process session of their own
+(server/local.py), like a client's, and pass the checks in `Guard` first
+(docs/CONSOLE.md, Security).
 """
 
 from __future__ import annotations
@@ -30,11 +31,16 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from smallstalk import __version__ as VERSION
+from smallstalk.client.replies import ReplyReader
 from smallstalk.config import ServeConfig
-from smallstalk.console import tools, views
+from smallstalk.console import replay_procs, views
 from smallstalk.console.guard import Guard
 from smallstalk.console.metrics import Exporter
-from smallstalk.core.protocol import Parser, valid_tube_name
+from smallstalk.core import protocol as p
+from smallstalk.core.model import STATE_BY_NAME, STATE_NAMES
+from smallstalk.core.protocol import valid_tube_name
+from smallstalk.ops.text import fmt_size
+from smallstalk.server.local import LocalSession
 from smallstalk.server.loop import MutationLoop
 
 log = logging.getLogger("smallstalk.console")
@@ -61,7 +67,7 @@ class Console:
         self.samples: deque[dict[str, Any]] = deque(maxlen=SAMPLES + 1)
         self.exporter = Exporter()
         self.guard = Guard(cfg)
-        self.tools = trio.CapacityLimiter(tools.CONCURRENT)
+        self.tools = trio.CapacityLimiter(replay_procs.CONCURRENT)
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=jinja2.select_autoescape(("html",)), undefined=jinja2.StrictUndefined)
@@ -97,7 +103,7 @@ class Console:
             return None
         try:
             reports = sorted(Path(self.data_dir, "reports").glob("*.html"),
-                             key=lambda p: p.stat().st_mtime)
+                             key=lambda f: f.stat().st_mtime)
         except OSError:
             return None
         return reports[-1] if reports else None
@@ -114,35 +120,21 @@ class Console:
 
     # --- writes: protocol commands on a session of their own ----------------------
 
-    async def command(self, lines: bytes) -> list[bytes]:
-        """Run protocol commands as a client would; their reply lines."""
-        lp = self.lp
-        send, recv = trio.open_memory_channel(math.inf)
-        session = lp.open_session(lambda blob, done, close: send.send_nowait((blob, done)))
-        parser = Parser(lp.max_job_size)
-        parser.feed(lines)
-        out = b""
+    async def command(self, commands: list[p.Command]) -> list[str]:
+        """Run protocol commands as a client would, on an in-process session of
+        their own; each reply's line."""
+        session = LocalSession(self.lp)
         try:
-            lp.submit(session, parser.events())
             with trio.fail_after(30):
-                while True:
-                    blob, done = await recv.receive()
-                    out += blob if isinstance(blob, bytes) else b""
-                    if done:
-                        break
+                data = await session.ask(commands)
         finally:
-            lp.close_session(session)
-        return [line for line in out.split(b"\r\n") if line]
-
-
-def fmt_size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+            session.close()
+        reader = ReplyReader()
+        reader.feed(data)
+        lines = []
+        while (reply := reader.next_reply()) is not None:
+            lines.append(b" ".join((reply.word, *reply.args)).decode("ascii", "replace"))
+        return lines
 
 
 def fmt_seconds(s: float | int | None) -> str:
@@ -211,7 +203,7 @@ def routes(c: Console) -> list:
         name = request.path_params["name"]
         q = request.query_params
         state = q.get("state", "ready")
-        state = state if state in views.STATES else "ready"
+        state = state if state in STATE_BY_NAME else "ready"
         after = _int(q.get("after"))
         rows = await lp.call(views.tube_rows, lp, [name])
         if not rows:
@@ -220,18 +212,18 @@ def routes(c: Console) -> list:
                               "client uses or watches it)")
         jobs = await lp.call(views.tube_jobs, lp, name, state, after, JOBS_PER_PAGE)
         return c.page(request, "tube.html", t=rows[0], name=name, state=state, jobs=jobs,
-                      after=after, states=list(views.STATES),
+                      after=after, states=list(STATE_NAMES),
                       next_after=jobs[-1]["id"] if len(jobs) == JOBS_PER_PAGE else None)
 
     async def job(request: Request) -> Response:
         jid = _int(request.path_params["id"])
         shown = request.query_params.get("view", "text")
         info = await lp.call(views.job, lp, jid, BODY_SHOWN)
-        history = await tools.job_history(c.tools, c.data_dir, jid) if c.data_dir else None
+        history = await replay_procs.job_history(c.tools, c.data_dir, jid) if c.data_dir else None
         body = info["body"] if info else b""
         return c.page(request, "job.html", jid=jid, info=info, view=shown,
-                      text=body.decode("utf-8", "replace"), hex=tools.hexdump(body),
-                      task=tools.decode_task(body), history=history)
+                      text=body.decode("utf-8", "replace"), hex=replay_procs.hexdump(body),
+                      task=replay_procs.decode_task(body), history=history)
 
     async def travel(request: Request) -> Response:
         q = request.query_params
@@ -242,13 +234,13 @@ def routes(c: Console) -> list:
         at = q.get("at", "").strip()
         filters = {k: q.get(k, "").strip() for k in ("op", "tube", "job", "conn")}
         result = None
-        bad = tools.check_travel(seq, filters)
+        bad = replay_procs.check_travel(seq, filters)
         if bad:
             result = {"error": bad, "state": None}
         elif seq or at:
-            result = await tools.travel(c.tools, c.data_dir, seq, at, filters)
+            result = await replay_procs.travel(c.tools, c.data_dir, seq, at, filters)
         return c.page(request, "travel.html", seq=seq, at=at, filters=filters, result=result,
-                      ops=tools.OPS)
+                      ops=replay_procs.OPS)
 
     async def replication(request: Request) -> Response:
         stats = await lp.call(views.server, lp)
@@ -279,15 +271,13 @@ def routes(c: Console) -> list:
                 status_code=403)
         what = request.path_params["what"]
         target = request.path_params["target"]
-        lines, path = _action_lines(what, target, form)
-        if lines is None:
+        commands, path = _action_commands(what, target, form)
+        if commands is None:
             return HTMLResponse("unknown action", status_code=404)
-        replies = await c.command(lines)
+        answer = " / ".join(await c.command(commands))
         log.info("console %s %s from %s: %s", what, target,
-                 request.client.host if request.client else "?",
-                 b" / ".join(replies).decode("ascii", "replace"))
-        return _redirect(path or back.split("?")[0],
-                         f"{what} {target}: " + b" / ".join(replies).decode("ascii", "replace"))
+                 request.client.host if request.client else "?", answer)
+        return _redirect(path or back.split("?")[0], f"{what} {target}: {answer}")
 
     async def login(request: Request) -> Response:
         if request.method == "POST":
@@ -308,21 +298,20 @@ def routes(c: Console) -> list:
     ]
 
 
-def _action_lines(what: str, target: str, form) -> tuple[bytes | None, str | None]:
+def _action_commands(what: str, target: str, form) -> tuple[list[p.Command] | None, str | None]:
     """The protocol commands a console action sends, and the page to go back to."""
     if what in ("kick", "pause", "flush"):
         if not valid_tube_name(target.encode()):
             return None, None
-        tube = target.encode()
         page = f"/tube/{quote(target)}"
         if what == "kick":
-            return b"use %s\r\nkick %d\r\n" % (tube, _int(form.get("count"), 1)), page
+            return [p.Use(target), p.Kick(min(_int(form.get("count"), 1), p.U32_MAX))], page
         if what == "pause":
-            return b"pause-tube %s %d\r\n" % (tube, _int(form.get("seconds"), 60)), page
-        return b"flush-tube %s\r\n" % tube, page
-    if what in ("kick-job", "delete-job") and target.isdigit():
-        verb = b"kick-job" if what == "kick-job" else b"delete"
-        return b"%s %d\r\n" % (verb, int(target)), f"/job/{target}"
+            return [p.PauseTube(target, min(_int(form.get("seconds"), 60), p.U32_MAX))], page
+        return [p.FlushTube(target)], page
+    if what in ("kick-job", "delete-job") and target.isdigit() and int(target) <= p.U64_MAX:
+        jid = int(target)
+        return [p.KickJob(jid) if what == "kick-job" else p.Delete(jid)], f"/job/{target}"
     return None, None
 
 

@@ -13,14 +13,14 @@ import os
 import time
 from typing import Any
 
-from smallstalk.core.state import BURIED, DELAYED, NS, READY, RESERVED, body_len
-from smallstalk.core.stats import STATE_NAMES, job_stats, tube_stats
+from smallstalk.core.model import STATE_BY_NAME, STATE_NAMES
+from smallstalk.core.state import DELAYED, NS, RESERVED, body_len
+from smallstalk.core.stats import job_stats, tube_stats
 from smallstalk.server import stats as server_stats
 from smallstalk.server.loop import MutationLoop
 
 TUBE_CHUNK = 500  # tubes read per loop turn
 PAGE_MAX = 200  # jobs or tubes per page
-STATES = {"ready": READY, "delayed": DELAYED, "buried": BURIED, "reserved": RESERVED}
 PREVIEW_BYTES = 60
 
 
@@ -65,7 +65,7 @@ def _job_row(lp: MutationLoop, j, now: int) -> dict[str, Any]:
     return {"id": j.id, "pri": j.pri, "age": (now - j.created) // NS, "ttr": j.ttr,
             "reserves": j.reserves, "timeouts": j.timeouts, "releases": j.releases,
             "buries": j.buries, "kicks": j.kicks, "size": body_len(body), "preview": shown,
-            "state": STATE_NAMES[j.state].decode(),
+            "state": STATE_NAMES[j.state],
             "time_left": max(j.deadline - now, 0) // NS if j.state in (RESERVED, DELAYED) else 0}
 
 
@@ -73,7 +73,7 @@ def tube_jobs(lp: MutationLoop, tube: str, state: str, after: int,
               count: int) -> list[dict[str, Any]]:
     """One page of a tube's jobs in a state, in hand-out order (as `list-jobs`)."""
     st, now = lp.state, lp.now
-    ids = st.list_jobs(tube, STATES[state], after, min(count, PAGE_MAX))
+    ids = st.list_jobs(tube, STATE_BY_NAME[state], after, min(count, PAGE_MAX))
     return [_job_row(lp, st.jobs[i], now) for i in ids]
 
 

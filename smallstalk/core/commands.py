@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import attrs
 
+from smallstalk.core import model
+
 
 @attrs.frozen(slots=True)
 class Put:
@@ -197,7 +199,7 @@ class FlushTube:
     tube: str
 
 
-LIST_JOBS_STATES = ("ready", "delayed", "buried", "reserved")
+LIST_JOBS_STATES = model.STATE_NAMES  # list-jobs takes any state
 LIST_JOBS_MAX = 1000  # ids per list-jobs answer; page on with after-id
 
 

@@ -7,7 +7,11 @@ from __future__ import annotations
 from collections import deque
 
 READY, DELAYED, RESERVED, BURIED = range(4)
-NS = 1_000_000_000
+# The states by name, in that order (`STATE_NAMES[job.state]`), and back: the one
+# table of them (stats-job, list-jobs, the console, the tools, analytics).
+STATE_NAMES = ("ready", "delayed", "reserved", "buried")
+STATE_BY_NAME = {name: i for i, name in enumerate(STATE_NAMES)}
+NS = 1_000_000_000  # nanoseconds per second: record times are ns since the epoch
 SAFETY_MARGIN = NS  # the last second of a TTR (DEADLINE_SOON)
 DEFAULT_TUBE = "default"
 URGENT_THRESHOLD = 1024  # a ready job with a lower priority counts as urgent

@@ -4,15 +4,13 @@
 
 from __future__ import annotations
 
-from smallstalk.core.model import DELAYED, NS, RESERVED, Job, Tube, secs
-
-STATE_NAMES = (b"ready", b"delayed", b"reserved", b"buried")
+from smallstalk.core.model import DELAYED, NS, RESERVED, STATE_NAMES, Job, Tube, secs
 
 
 def job_stats(j: Job, now: int) -> list[tuple[str, object]]:
     time_left = secs(j.deadline - now) if j.state in (RESERVED, DELAYED) else 0
     return [
-        ("id", j.id), ("tube", j.tube.name.encode()), ("state", STATE_NAMES[j.state]),
+        ("id", j.id), ("tube", j.tube.name.encode()), ("state", STATE_NAMES[j.state].encode()),
         ("pri", j.pri), ("age", secs(now - j.created)), ("delay", j.delay),
         ("ttr", j.ttr), ("time-left", time_left), ("file", 0), ("reserves", j.reserves),
         ("timeouts", j.timeouts), ("releases", j.releases), ("buries", j.buries),

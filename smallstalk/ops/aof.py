@@ -7,7 +7,8 @@ import sys
 from typing import IO
 
 from smallstalk.ops import dump, ls, verify
-from smallstalk.ops.format import EXIT_OK, EXIT_USAGE
+from smallstalk.ops.command import EXIT_OK, EXIT_USAGE
+from smallstalk.usage import line
 
 AOF_HELP = """\
 usage: smallstalk aof {ls,dump,verify} DATA_DIR [OPTIONS]
@@ -29,7 +30,6 @@ def main(argv: list[str], stdout: IO[str] | None = None,
         (stdout or sys.stdout).write(AOF_HELP)
         return EXIT_OK if argv else EXIT_USAGE
     if argv[0] not in commands:
-        (stderr or sys.stderr).write(f"smallstalk aof: unknown command {argv[0]!r} "
-                                     "(see `smallstalk aof -h`)\n")
+        (stderr or sys.stderr).write(line("smallstalk aof", f"unknown command {argv[0]!r}") + "\n")
         return EXIT_USAGE
     return commands[argv[0]](argv[1:], stdout, stderr)

@@ -9,16 +9,15 @@ there. Both print the same YAML (policy.render).
 
 from __future__ import annotations
 
-import argparse
-import socket
 import sys
 from pathlib import Path
 from typing import IO
 
+from smallstalk.client import BeanstalkError, Client, CommandError, Unauthorized, UnknownCommand
 from smallstalk.client.security import token_for_tool
 from smallstalk.config import read_file
-from smallstalk.core import protocol
 from smallstalk.server.policy import ConfigError, render
+from smallstalk.usage import EXIT_USAGE, Parser, UsageError, line
 
 USAGE = """\
 usage: smallstalk config dump [--config FILE | --server HOST:PORT [--token-file FILE]]
@@ -36,16 +35,8 @@ memory budget) of the tube `default` and every configured tube, as YAML.
                       in $SMALLSTALK_TOKEN if set (docs/SECURITY.md)
 """
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # usage errors exit 2 with our text
-        raise _Usage(message)
-
-
-class _Usage(Exception):
-    pass
+EXIT_OK, EXIT_ERROR = 0, 1
+PROG, SEE = "smallstalk config dump", "smallstalk config -h"
 
 
 def main(argv: list[str], stdout: IO[str] | None = None, stderr: IO[str] | None = None) -> int:
@@ -55,10 +46,9 @@ def main(argv: list[str], stdout: IO[str] | None = None, stderr: IO[str] | None 
         (out if argv else err).write(USAGE)
         return EXIT_OK if argv else EXIT_USAGE
     if argv[0] != "dump":
-        err.write(f"smallstalk config: unknown subcommand: {argv[0]} "
-                  "(see `smallstalk config -h`)\n")
+        err.write(line("smallstalk config", f"unknown subcommand: {argv[0]}") + "\n")
         return EXIT_USAGE
-    p = _Parser(prog="smallstalk config dump", add_help=False)
+    p = Parser(prog=PROG, add_help=False, raises=True, see=SEE)
     p.add_argument("-h", "--help", action="store_true")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--config", type=Path)
@@ -66,8 +56,8 @@ def main(argv: list[str], stdout: IO[str] | None = None, stderr: IO[str] | None 
     p.add_argument("--token-file", type=Path)
     try:
         args = p.parse_args(argv[1:])
-    except _Usage as e:
-        err.write(f"smallstalk config dump: {e} (see `smallstalk config -h`)\n")
+    except UsageError as e:
+        err.write(e.line() + "\n")
         return EXIT_USAGE
     if args.help:
         out.write(USAGE)
@@ -83,74 +73,38 @@ def main(argv: list[str], stdout: IO[str] | None = None, stderr: IO[str] | None 
     server = args.server or "127.0.0.1:11300"
     try:
         token = token_for_tool(args.token_file)
-        body = ask_server(server, protocol.render(protocol.CONFIG), token)
-    except _Usage as e:
-        err.write(f"smallstalk config dump: {e} (see `smallstalk config -h`)\n")
+        text = ask_server(server, token)
+    except UsageError as e:
+        err.write(e.line(PROG, SEE) + "\n")
         return EXIT_USAGE
-    except OSError as e:
-        err.write(f"smallstalk: {server}: {e.strerror or e}\n")
+    except (BeanstalkError, ValueError) as e:
+        err.write(f"smallstalk: {e}\n")
         return EXIT_ERROR
-    except ValueError as e:
-        err.write(f"smallstalk: {server}: {e}\n")
-        return EXIT_ERROR
-    out.write(body.decode(errors="replace"))
+    out.write(text)
     return EXIT_OK
 
 
-def _line(sock: socket.socket, buf: bytes) -> tuple[bytes, bytes]:
-    """The next reply line (without CRLF) and what came after it."""
-    while b"\r\n" not in buf:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ValueError("connection closed before a reply")
-        buf += chunk
-    line, _, rest = buf.partition(b"\r\n")
-    return line, rest
+def ask_server(server: str, token: str | None = None) -> str:
+    """The server's `config` answer (after `auth <token>` when a token is given).
 
-
-def _connect(server: str) -> socket.socket:
-    if server.startswith("unix:"):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(30)
-        try:
-            sock.connect(server[len("unix:"):])
-        except OSError:
-            sock.close()
-            raise
-        return sock
-    host, _, port = server.rpartition(":")
-    if not host or not port.isdigit():
-        raise _Usage(f"--server takes HOST:PORT or unix:PATH, not {server!r}")
-    return socket.create_connection((host.strip("[]"), int(port)), timeout=30)
-
-
-def ask_server(server: str, command: bytes, token: str | None = None) -> bytes:
-    """Send a command answered `OK <bytes>\\r\\n<data>\\r\\n` (after `auth <token>`
-    when a token is given); the data.
-
-    Any other reply raises ValueError with the reply's text.
+    An address that is not one raises UsageError; a refused command, the
+    server's error (its reply in the text); no server, ConnectionFailed.
     """
-    with _connect(server) as sock:
-        if token is not None:
-            command = protocol.render(protocol.Auth(token)) + command
-        sock.sendall(command)
-        buf = b""
-        line, rest = _line(sock, buf)
-        if token is not None:
-            if line + b"\r\n" != protocol.OK:
-                raise ValueError(f"the server refused the admin token: "
-                                 f"{line.decode(errors='replace')}")
-            line, rest = _line(sock, rest)
-        word, _, size = line.partition(b" ")
-        if word != protocol.OK_WORD or not size.isdigit():
-            text = line.decode(errors="replace")
-            if line + b"\r\n" == protocol.UNKNOWN_COMMAND:
-                text += " (a server without the config command: not smallstalk, or older)"
-            raise ValueError(f"the server answered {text}")
-        want = int(size) + 2
-        while len(rest) < want:
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise ValueError("connection closed in the middle of the reply")
-            rest += chunk
-        return rest[: want - 2]
+    host, _, port = server.rpartition(":")
+    try:
+        if not server.startswith("unix:") and not (host and port.isdigit()):
+            raise ValueError("no port")
+        client = Client(server, connect_timeout=30, read_timeout=30, token=token)
+    except (TypeError, ValueError):
+        raise UsageError(f"--server takes HOST:PORT or unix:PATH, not {server!r}") from None
+    with client:
+        try:
+            return client.config()
+        except UnknownCommand as e:
+            raise ValueError(f"{server}: the server answered {e.reply_line()} (a server "
+                             "without the config command: not smallstalk, or older)") from None
+        except Unauthorized as e:
+            what = "refused the admin token" if token is not None else "answered"
+            raise ValueError(f"{server}: the server {what} {e.reply_line()}") from None
+        except CommandError as e:
+            raise ValueError(f"{server}: the server answered {e.reply_line()}") from None

@@ -8,18 +8,8 @@ from typing import IO
 
 from smallstalk.core import records
 from smallstalk.core import records as r
-from smallstalk.ops.format import (
-    EXIT_OK,
-    Clock,
-    Out,
-    UsageError,
-    expiry,
-    jsonl,
-    parser,
-    preview,
-    run,
-    seq_arg,
-)
+from smallstalk.ops.command import EXIT_OK, UsageError, parser, run, seq_arg
+from smallstalk.ops.text import Clock, Out, expiry, jsonl, preview
 from smallstalk.storage import history
 
 
@@ -47,8 +37,8 @@ def _parse_dump(argv: list[str]) -> argparse.Namespace:
         ops.update(o.strip() for o in spec.split(",") if o.strip())
     unknown = ops - set(records.OP_NAMES.values())
     if unknown:
-        raise UsageError(f"smallstalk aof dump: unknown --op {', '.join(sorted(unknown))} (known: "
-                         f"{', '.join(records.OP_NAMES.values())})")
+        raise UsageError(f"unknown --op {', '.join(sorted(unknown))} (known: "
+                         f"{', '.join(records.OP_NAMES.values())})", "smallstalk aof dump")
     args.ops = ops
     return args
 

@@ -12,22 +12,18 @@ import attrs
 
 from smallstalk.core import records
 from smallstalk.core import records as r
+from smallstalk.core.model import STATE_NAMES
 from smallstalk.core.state import RESERVED
-from smallstalk.ops.format import (
+from smallstalk.ops.command import EXIT_OK, ToolError, parser, run, seq_arg
+from smallstalk.ops.text import (
     DUR_WIDTH,
-    EXIT_OK,
-    STATES,
     Clock,
     Out,
-    ToolError,
     expiry,
     fmt_dur,
     jsonl,
-    parser,
     plural,
     preview,
-    run,
-    seq_arg,
     table,
 )
 from smallstalk.storage import history
@@ -271,7 +267,7 @@ class _JobTracker:
         (_, _jid, tube, pri, delay, ttr, body, st, created, _deadline, reserver, reserves,
          timeouts, releases, buries, kicks, *rest) = item
         expires = rest[0] if rest else 0  # format 2 on
-        name = STATES[st]
+        name = STATE_NAMES[st]
         self.h.tube, self.h.alive, self.ttr, self.tube = tube, True, ttr, tube
         self.state, self.since = name, meta_time  # time in states counts from the snapshot
         holder = ""
@@ -445,7 +441,7 @@ def _summary_lines(h: JobHistory) -> list[tuple[str, str, str]]:
         else:
             first = "the snapshot" if timed[0].event == "snapshot" else "its first step shown"
             out.append((f"since seq {timed[0].seq}", fmt_dur(span), f"{first} to {end}"))
-    for name in STATES:
+    for name in STATE_NAMES:
         if name in h.time_in:
             note = ""
             if name == "reserved" and h.reservations:

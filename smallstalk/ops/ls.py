@@ -10,7 +10,8 @@ from typing import IO
 
 import attrs
 
-from smallstalk.ops.format import EXIT_OK, Clock, Out, fmt_size, jsonl, parser, plural, run, table
+from smallstalk.ops.command import EXIT_OK, parser, run
+from smallstalk.ops.text import Clock, Out, fmt_size, jsonl, plural, table
 from smallstalk.storage import history
 from smallstalk.storage.aof import CorruptionError
 

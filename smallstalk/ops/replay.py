@@ -13,24 +13,10 @@ from typing import IO, Any
 
 import attrs
 
+from smallstalk.core.model import STATE_NAMES
 from smallstalk.core.state import DELAYED, RESERVED, State
-from smallstalk.ops.format import (
-    DUR_WIDTH,
-    EXIT_OK,
-    STATES,
-    Clock,
-    Out,
-    ToolError,
-    UsageError,
-    fmt_dur,
-    jsonl,
-    parser,
-    plural,
-    preview,
-    run,
-    seq_arg,
-    table,
-)
+from smallstalk.ops.command import EXIT_OK, ToolError, UsageError, parser, run, seq_arg
+from smallstalk.ops.text import DUR_WIDTH, Clock, Out, fmt_dur, jsonl, plural, preview, table
 from smallstalk.storage import aof, datadir, history, snapshot, snapshot_codec
 from smallstalk.storage.aof import CorruptionError
 from smallstalk.storage.history import HistoryFolded, load_snapshot
@@ -48,7 +34,7 @@ def _parse_replay(argv: list[str]) -> argparse.Namespace:
     point.add_argument("--until", metavar="TIME", help="the state at this ISO time")
     p.add_argument("--jobs", action="store_true", help="list the jobs too")
     p.add_argument("--tube", action="append", metavar="NAME", help="only these tubes")
-    p.add_argument("--state", action="append", choices=STATES, help="only jobs in this state")
+    p.add_argument("--state", action="append", choices=STATE_NAMES, help="only jobs in this state")
     p.add_argument("--write-snapshot", type=Path, metavar="PATH",
                    help="write the state as a snapshot file (a directory: <seq>.snap in it)")
     p.add_argument("--format", choices=("text", "jsonl"), default="text")
@@ -144,7 +130,7 @@ def cmd_replay(args: argparse.Namespace, out: Out) -> int:
     out.end_progress()
     st = rb.state
     tubes = set(args.tube or ())
-    states = {STATES.index(s) for s in args.state or ()}
+    states = {STATE_NAMES.index(s) for s in args.state or ()}
     if target is not None:
         owner = datadir.owner_of(target)
         try:
@@ -178,7 +164,7 @@ def cmd_replay(args: argparse.Namespace, out: Out) -> int:
         if args.jobs:
             for j in _jobs(st, tubes, states):
                 out.line(jsonl({"kind": "job", "id": j.id, "tube": j.tube.name,
-                                "state": STATES[j.state], "pri": j.pri, "delay": j.delay,
+                                "state": STATE_NAMES[j.state], "pri": j.pri, "delay": j.delay,
                                 "ttr": j.ttr, "created": j.created,
                                 "deadline": j.deadline if j.state in (DELAYED, RESERVED) else None,
                                 "reserver": j.reserver or None, "reserves": j.reserves,
@@ -192,7 +178,7 @@ def cmd_replay(args: argparse.Namespace, out: Out) -> int:
     out.line(f"state {at}: {rb.base} + {plural(rb.applied, 'record')}")
     counts = [st.ready_n, st.delayed_n, st.reserved_n, st.buried_n]
     out.line(f"{plural(len(st.jobs), 'job')}: "
-             + ", ".join(f"{n} {name}" for n, name in zip(counts, STATES, strict=True))
+             + ", ".join(f"{n} {name}" for n, name in zip(counts, STATE_NAMES, strict=True))
              + f"; {plural(sum(1 for c in st.conns.values() if c.logged), 'connection')}; "
              f"{st.total_jobs} put in all, {plural(st.job_timeouts, 'TTR timeout')}")
     out.line()
@@ -221,7 +207,7 @@ def cmd_replay(args: argparse.Namespace, out: Out) -> int:
             left = (fmt_dur(j.deadline - rb.now) if j.state in (DELAYED, RESERVED) else "-")
             at = st.expires.get(j.id)
             expires = fmt_dur(at - rb.now) if at else "-"
-            rows.append([j.id, j.tube.name, STATES[j.state], j.pri, fmt_dur(rb.now - j.created),
+            rows.append([j.id, j.tube.name, STATE_NAMES[j.state], j.pri, fmt_dur(rb.now - j.created),
                          j.delay, j.ttr, left, expires, j.reserver if j.state == RESERVED else "-",
                          j.reserves, j.timeouts, j.releases, j.buries, j.kicks, preview(j.body)])
         if rows:

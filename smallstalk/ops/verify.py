@@ -12,7 +12,8 @@ from typing import IO
 import attrs
 
 from smallstalk.core.state import BURIED, READY, State
-from smallstalk.ops.format import EXIT_ERROR, EXIT_OK, Out, fmt_size, parser, plural, run, table
+from smallstalk.ops.command import EXIT_ERROR, EXIT_OK, parser, run
+from smallstalk.ops.text import Out, fmt_size, plural, table
 from smallstalk.storage import history, recovery, snapshot_codec
 from smallstalk.storage.aof import CorruptionError
 from smallstalk.storage.history import load_snapshot

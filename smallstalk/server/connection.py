@@ -480,7 +480,7 @@ async def _serve_tls(lp: MutationLoop, stream: trio.SSLStream, max_job_size: int
 
 def _refuse(lp: MutationLoop, sock, gate: Gate) -> None:
     """One line saying why, then close: a client past --max-connections never hangs."""
-    lp.refused += 1
+    lp.count_refused()
     now = trio.current_time()
     if now - gate.logged_at >= 1.0:
         gate.logged_at = now

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
+from smallstalk.core.model import STATE_BY_NAME
 from smallstalk.core.state import BURIED, DELAYED, NS, READY, RESERVED, State, body_len
 from smallstalk.core.stats import job_stats, tube_stats
 from smallstalk.server import holdback
@@ -374,12 +375,9 @@ def delete_tube(lp: Loop, s: Session, cmd: p.DeleteTube):
     return p.DELETED
 
 
-_LIST_STATES = {"ready": READY, "delayed": DELAYED, "buried": BURIED, "reserved": RESERVED}
-
-
 def list_jobs(lp: Loop, s: Session, cmd: p.ListJobs):
     lp.count("cmd-list-jobs")
-    ids = lp.state.list_jobs(cmd.tube, _LIST_STATES[cmd.state], cmd.after, cmd.count)
+    ids = lp.state.list_jobs(cmd.tube, STATE_BY_NAME[cmd.state], cmd.after, cmd.count)
     return p.yaml_list(map(str, ids))
 
 

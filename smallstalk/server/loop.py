@@ -227,6 +227,24 @@ class MutationLoop:
         except Unavailable:
             log.error("tube limits not logged (the disk is failing): they apply once it works")
 
+    def configure(self, *, policies: Policies, config_path: Path | None, admin: AdminPolicy,
+                  extended_stats: bool, replication: Replication | None) -> None:
+        """The settings cli.py starts the loop with (before its first turn):
+        the policies' Limits records are logged after the Restart record."""
+        self.set_policies(policies, sync=False)
+        self.config_path = config_path
+        self.admin = admin
+        self.extended_stats = extended_stats
+        self.replication = replication
+
+    def start_draining(self) -> None:
+        """From now on refuse new jobs (SIGUSR1, as beanstalkd)."""
+        self.draining = True
+
+    def count_refused(self) -> None:
+        """A connection was turned away past --max-connections."""
+        self.refused += 1
+
     # --- role and state, as replication and the commit change them ----------------
 
     def become_replica(self, follower: object) -> None:

@@ -20,7 +20,7 @@ from smallstalk.server.loop import MutationLoop
 from smallstalk.storage import aof, snapshot_codec
 
 from ..support.harness import EPOCH, Client, make_loop
-from .test_bigtubes import assert_replays, stat
+from .test_tube_policies import assert_replays, stat
 
 
 async def configure(lp: MutationLoop, tmp_path: Path, text: str) -> None:

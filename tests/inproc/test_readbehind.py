@@ -1,10 +1,11 @@
-"""Read-behind ("big tubes", issue #8): bodies past a memory budget live on disk.
+"""Read-behind: bodies past a memory budget live on disk.
 
 Unit tests of the body store and the snapshot reader/writer; the real mutation
 loop in-process (spill after commit, peek/reserve byte for byte, per-tube
 budgets, fanout copies sharing a reference, read errors, compaction remap,
 recovery under a budget, a replica, replay equality). The real-process tests
-(RSS bound, SIGKILL crash round) are in tests/test_readbehind_procs.py.
+(RSS bound, SIGKILL crash round) are in tests/procs/test_readbehind.py; tube
+policies (limits, expiry, fanout) in tests/inproc/test_tube_policies.py.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from smallstalk.core.state import NS
 from smallstalk.server.policy import ConfigError, policies_from
 
 from ..support.harness import EPOCH, Client
-from .test_bigtubes import assert_replays, stat
 from .test_holdback import assert_replica_agrees, configure, records_of, started
+from .test_tube_policies import assert_replays, stat
 
 # EPOCH is 2023-11-14 22:13:20 UTC: a minute's firing is 40 s after the start.
 MINUTE = 60 * NS

@@ -92,8 +92,8 @@ async def test_replies_wait_for_the_fsync_that_covers_what_they_saw(tmp_path, nu
     # A later turn that changes nothing still saw the unsynced jobs: it waits too.
     reader.send(b"peek-ready\r\n")
     await trio.testing.wait_all_tasks_blocked()
-    assert producer.outbox.statistics().current_buffer_used == 0
-    assert reader.outbox.statistics().current_buffer_used == 0
+    assert producer.unread() == 0
+    assert reader.unread() == 0
     gate.open.set()
     assert await producer.recv() == inserted(1, MANY)
     assert await reader.recv() == b"FOUND 1 3\r\np00\r\n"
@@ -161,14 +161,14 @@ async def test_a_reserve_of_an_unsynced_put_waits_for_it(tmp_path, nursery, auto
     worker.send(b"reserve-with-timeout 0\r\n")
     await trio.testing.wait_all_tasks_blocked()
     # The job it would get is not on disk yet: no RESERVED before the fsync.
-    assert worker.outbox.statistics().current_buffer_used == 0
+    assert worker.unread() == 0
     gate.open.set()
     assert await producer.recv() == inserted(1, MANY)
     assert await worker.recv() == b"RESERVED 1 3\r\np00\r\n"
 
 
 def nothing_answered(c: Client) -> bool:
-    return c.outbox.statistics().current_buffer_used == 0
+    return c.unread() == 0
 
 
 async def test_a_reserve_of_a_durable_job_does_not_wait_for_other_records(tmp_path, nursery,

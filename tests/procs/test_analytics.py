@@ -56,14 +56,13 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.dataset as ds  # noqa: E402
 
 from smallstalk.core import records as r  # noqa: E402
-from smallstalk.core.state import BURIED, DELAYED, READY, RESERVED, State  # noqa: E402
+from smallstalk.core.model import NS, STATE_NAMES  # noqa: E402
+from smallstalk.core.state import RESERVED, State  # noqa: E402
 from smallstalk.storage import aof, compactor, snapshot  # noqa: E402
 
 from ..support.bsclient import Client, Reply, connect, put_cmd  # noqa: E402
 from ..support.procs import start_smallstalk  # noqa: E402
 
-NS = 1_000_000_000
-STATE_NAMES = {READY: "ready", DELAYED: "delayed", RESERVED: "reserved", BURIED: "buried"}
 needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="Spark needs Java")
 # The first test also waits for the scripted workload and the JVM (3 min on a busy machine).
 pytestmark = pytest.mark.timeout(900)

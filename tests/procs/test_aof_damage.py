@@ -12,8 +12,8 @@ import attrs
 import pytest
 
 from smallstalk.core import records
+from smallstalk.core.model import STATE_NAMES
 from smallstalk.core.state import State
-from smallstalk.core.stats import STATE_NAMES
 from smallstalk.storage import aof, recovery, snapshot, snapshot_codec
 from smallstalk.storage.aof import CorruptionError
 
@@ -177,7 +177,7 @@ def assert_server_matches(port: int, expected: State, ids: list[int]) -> None:
     want = {jid: j.body for jid, j in expected.jobs.items()}
     assert bodies == want
     for jid, j in expected.jobs.items():
-        name = STATE_NAMES[j.state].decode()
+        name = STATE_NAMES[j.state]
         st = stats[jid]
         assert (st["state"], int(st["pri"]), st["tube"]) == (
             "ready" if name == "reserved" else name, j.pri, j.tube.name), jid

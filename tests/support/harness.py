@@ -1,4 +1,5 @@
-"""An in-process broker for tests: the real mutation loop, clients without sockets.
+"""An in-process broker for tests: the real mutation loop, clients without sockets
+(server/local.py's `LocalSession`).
 
 Time comes from trio's clock, so tests run under pytest-trio's `autojump_clock`
 (MockClock with autojump_threshold=0) and a 60-second TTR takes no real time.
@@ -12,6 +13,7 @@ import trio
 
 from smallstalk.core import protocol as p
 from smallstalk.core.state import State
+from smallstalk.server.local import LocalSession
 from smallstalk.server.loop import MutationLoop
 from smallstalk.storage.journal import FSYNC_NEVER, Journal
 
@@ -22,41 +24,13 @@ def mock_wall_clock() -> int:
     return EPOCH + int(trio.current_time() * 1e9)
 
 
-class Client:
-    """One connection: send raw protocol bytes, get the reply bytes."""
-
-    def __init__(self, lp: MutationLoop):
-        self.lp = lp
-        self._send, self.outbox = trio.open_memory_channel(1000)
-        self.session = lp.open_session(
-            lambda blob, done, close: self._send.send_nowait((blob, done, close)))
-        self.parser = p.Parser(lp.max_job_size)
-
-    @property
-    def id(self) -> int:
-        return self.session.id
-
-    def send(self, data: bytes) -> None:
-        self.parser.feed(data)
-        events = self.parser.events()
-        if events:
-            self.lp.submit(self.session, events)
+class Client(LocalSession):
+    """One connection as the tests use it: raw protocol bytes in (`send`, `ask`), the
+    reply bytes out (`recv`), on the server's own in-process session."""
 
     async def recv(self) -> bytes:
         """Replies until the submitted batch is fully answered."""
-        out = []
-        while True:
-            blob, done, close = await self.outbox.receive()
-            out.append(blob)
-            if done or close:
-                return b"".join(out)
-
-    async def ask(self, data: bytes) -> bytes:
-        self.send(data)
-        return await self.recv()
-
-    def close(self) -> None:
-        self.lp.close_session(self.session)
+        return await self.replies()
 
 
 class Broker:

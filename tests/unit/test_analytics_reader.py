@@ -11,10 +11,9 @@ pytest.importorskip("pyarrow")
 
 from smallstalk.analytics import gen, report, source  # noqa: E402
 from smallstalk.core import records as r  # noqa: E402
+from smallstalk.core.model import NS  # noqa: E402
 from smallstalk.storage import aof, compactor, snapshot  # noqa: E402
 from smallstalk.storage.recovery import recover  # noqa: E402
-
-NS = 1_000_000_000
 
 
 def test_generator_writes_valid_segments(tmp_path) -> None:

@@ -25,7 +25,7 @@ import pytest
 
 from smallstalk.core import records
 from smallstalk.core import state as st
-from smallstalk.core.stats import STATE_NAMES
+from smallstalk.core.model import NS, STATE_NAMES
 from smallstalk.storage import aof, compactor, recovery, snapshot_codec
 
 from ..support.procs import REPO
@@ -37,7 +37,6 @@ VERSION_DIRS = sorted(
     (p for p in SNAPSHOTS.glob("v*") if p.is_dir() and p.name[1:].isdigit()),
     key=lambda p: int(p.name[1:]),
 )
-NS = 1_000_000_000
 
 # --- reading the document ---------------------------------------------------------
 
@@ -231,7 +230,7 @@ def test_volatile_table_matches_the_code() -> None:
 def test_job_state_table_matches_the_code() -> None:
     assert DOC_STATES == {st.READY: "ready", st.DELAYED: "delayed", st.RESERVED: "reserved",
                           st.BURIED: "buried"}
-    assert [n.decode() for n in STATE_NAMES] == [DOC_STATES[i] for i in range(4)]
+    assert list(STATE_NAMES) == [DOC_STATES[i] for i in range(4)]
 
 
 TYPE_CHECKS = {
@@ -617,7 +616,7 @@ def check_state(fx: Fixture, state: st.State, exp: dict[str, Any]) -> None:
     assert sorted(state.jobs) == [j["id"] for j in exp["jobs"]]
     for want in exp["jobs"]:
         j = state.jobs[want["id"]]
-        got = {"id": j.id, "tube": j.tube.name, "state": STATE_NAMES[j.state].decode(),
+        got = {"id": j.id, "tube": j.tube.name, "state": STATE_NAMES[j.state],
                "pri": j.pri, "delay": j.delay, "ttr": j.ttr, "body": j.body,
                "reserves": j.reserves, "timeouts": j.timeouts, "releases": j.releases,
                "buries": j.buries, "kicks": j.kicks}

@@ -52,10 +52,10 @@ ALLOWED: dict[str, set[str]] = {
     "core": set(),
     "storage": {"core"},
     "server": {"core", "storage"},
-    "config": ENGINE,
+    "config": ENGINE | {"usage"},
     "replication": ENGINE | {"config"},
     "ops": ENGINE | {"config", "client", "usage"},
-    "console": ENGINE | {"config", "worker"},
+    "console": ENGINE | {"config", "worker", "client", "ops"},
     "cli": ENGINE | {"config", "replication", "ops", "console", "client", "listen", "usage"},
     "listen": set(),  # binds the port before anything else is imported
     "launch": {"listen", "cli"},

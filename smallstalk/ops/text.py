@@ -1,49 +1,31 @@
-"""The operator tools' shared kit: errors and exit codes, times, durations, sizes,
-tables, progress on a terminal, JSON lines, and running a command.
+"""How the operator tools write: times, durations, sizes, escaped bodies, tables,
+progress on a terminal, JSON lines, and where output goes (`Out`).
 
 Output is for people first: aligned tables, human times and sizes, times in
 local time (`--utc` for UTC). `--format jsonl` gives every field, one JSON
 object per line, for other tools. On a terminal, long reads show progress on
-stderr.
-
-Exit codes: 0 done; 1 damage, a missing job, or another error; 2 bad usage;
-3 the history needed was folded away into a snapshot by the compactor.
+stderr. How a tool runs (its parser, errors, exit codes) is ops/command.py's.
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
 import attrs
 
-from smallstalk.storage.aof import CorruptionError
-from smallstalk.storage.history import HistoryFolded
+from smallstalk.core.model import NS
+from smallstalk.usage import UsageError
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FOLDED = 0, 1, 2, 3
-NS = 1_000_000_000
-STATES = ("ready", "delayed", "reserved", "buried")
 DUR_WIDTH = 7  # durations are at most this wide below 100 days: columns stay put
 PREVIEW = 24  # body bytes shown in a preview
-
-
-class ToolError(Exception):
-    """A plain failure to report (not damage, not folded history)."""
-
-
-class UsageError(Exception):
-    pass
-
-
-# --- formatting ----------------------------------------------------------------------
 
 
 @attrs.define
@@ -117,12 +99,15 @@ def fmt_dur(ns: int | None) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-def fmt_size(n: int) -> str:
-    if n < 1024:
-        return f"{n} B"
+def fmt_size(n: float | None) -> str:
+    """Bytes for people: `512 B`, `1.5 KiB`, ... `2.0 TiB`; None (not known) is `-`."""
+    if n is None:
+        return "-"
+    if abs(n) < 1024:
+        return f"{n:.0f} B"
     for unit in ("KiB", "MiB", "GiB", "TiB"):
         n /= 1024
-        if n < 1024 or unit == "TiB":
+        if abs(n) < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}"
     raise AssertionError  # not reached
 
@@ -277,72 +262,3 @@ def jsonl(obj: dict) -> str:
 def expiry(expires: int, now: int) -> str:
     """An expiry time (ns, 0 = never) as the time it leaves from `now`: `+1h00m`, `never`."""
     return "never" if not expires else "+" + fmt_dur(expires - now)
-
-
-# --- running a command -------------------------------------------------------------------
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message} (see `{self.prog} -h`)")
-
-
-def parser(prog: str, description: str) -> _Parser:
-    p = _Parser(prog=f"smallstalk {prog}", description=description,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("data_dir", metavar="DATA_DIR", type=Path, help="the server's --data-dir")
-    p.add_argument("--utc", action="store_true", help="show (and read) times in UTC")
-    return p
-
-
-def seq_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a sequence number: {text}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
-    return value
-
-
-def run(argv: list[str], parse: Callable[[list[str]], argparse.Namespace],
-         body: Callable[[argparse.Namespace, Out], int],
-         stdout: IO[str] | None = None, stderr: IO[str] | None = None) -> int:
-    err = stderr if stderr is not None else sys.stderr
-    try:
-        args = parse(argv)
-    except UsageError as e:
-        err.write(f"{e}\n")
-        return EXIT_USAGE
-    except SystemExit as e:  # --help
-        return int(e.code or 0)
-    data_dir = args.data_dir
-    out = Out(data_dir, stdout, stderr)
-    if not data_dir.is_dir():
-        err.write(f"smallstalk: {data_dir}: no such directory\n")
-        return EXIT_ERROR
-    try:
-        return body(args, out)
-    except UsageError as e:
-        out.end_progress()
-        err.write(f"smallstalk: {e}\n")
-        return EXIT_USAGE
-    except HistoryFolded as e:
-        out.end_progress()
-        err.write(f"smallstalk: {out.rel(e)}\n")
-        return EXIT_FOLDED
-    except CorruptionError as e:
-        out.end_progress()
-        err.write(f"smallstalk: damage: {out.rel(e)}\n")
-        return EXIT_ERROR
-    except BrokenPipeError:
-        # Output piped into `head` and friends: stop quietly.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_OK
-    except (ToolError, OSError) as e:
-        out.end_progress()
-        err.write(f"smallstalk: {out.rel(e)}\n")
-        return EXIT_ERROR
-    finally:
-        out.end_progress()

@@ -1,4 +1,4 @@
-"""Crash rounds with big-tube policies: a real server configured by its TOML file,
+"""Crash rounds with tube policies: a real server configured by its TOML file,
 producers putting into an expiring tube (dead-letter `exp.dead`), a fanout
 parent with two fanout tubes, and a small discard-old-when-full tube, all under
 a tiny read-behind budget; the server (and its compactor) SIGKILLed mid-load.
@@ -8,7 +8,7 @@ its fanout copies beside it, expired jobs moved (never lost), the limited
 tube holding the newest jobs and counting the rest as discarded. At the end
 the data directory rebuilds, in-process, a state whose invariants hold.
 
-SMALLSTALK_BIGTUBES_CRASH_ROUNDS sets the number of rounds (default 3); the test prints
+SMALLSTALK_TUBE_POLICIES_CRASH_ROUNDS sets the number of rounds (default 3); the test prints
 its random seed, and SMALLSTALK_CRASH_SEED=N replays a run.
 """
 
@@ -27,7 +27,7 @@ from ..support.procs import Server, start_smallstalk, wait_for
 from ..support.threads import start as start_thread
 from .test_crash import crash, wait_gone
 
-ROUNDS = int(os.environ.get("SMALLSTALK_BIGTUBES_CRASH_ROUNDS", "3"))
+ROUNDS = int(os.environ.get("SMALLSTALK_TUBE_POLICIES_CRASH_ROUNDS", "3"))
 LIMIT = 40
 CONFIG = f"""
 [tubes.exp]

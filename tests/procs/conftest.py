@@ -1,0 +1,39 @@
+"""Fixtures shared by the replay tools' tests (test_aof_tools, test_replay_tool,
+test_job_history, test_history_reader): the scenario's data directory, made once
+per session, and the same history folded away by the compactor."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from smallstalk.storage import aof
+
+from ..support.procs import start_smallstalk
+from ..support.toollogs import run_scenario, wait_until
+
+
+@pytest.fixture(scope="session")
+def log_dir(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("tools")
+    data = tmp / "data"
+    run_scenario(tmp, data)
+    return data
+
+
+@pytest.fixture(scope="session")
+def folded_dir(log_dir: Path, tmp_path_factory) -> Path:
+    """The same history after a server compacted it: seqs 1..30 only in a snapshot."""
+    tmp = tmp_path_factory.mktemp("folded")
+    data = tmp / "data"
+    shutil.copytree(log_dir, data)
+    srv = start_smallstalk(tmp, "--compact-interval", "0.1", data_dir=data)  # 31: restart
+    try:
+        wait_until(lambda: aof.list_snapshots(data / "snapshots")
+                   and len(aof.list_segments(data / "aof")) == 1, "the compaction", 20)
+        srv.stop()
+    finally:
+        srv.kill()
+    return data
