@@ -162,7 +162,10 @@ def sync_limits(lp: Any) -> None:
 
 
 def _iso(ns: int) -> str:
-    return dt.datetime.fromtimestamp(ns // NS, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """UTC, to the millisecond when there is a fraction (rate tokens come apart)."""
+    t = dt.datetime.fromtimestamp(ns // NS, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    ms = ns % NS // 1_000_000
+    return f"{t}.{ms:03d}Z" if ms else f"{t}Z"
 
 
 def reason_text(st: State, jid: int, now: int) -> str:
