@@ -69,13 +69,14 @@ PRESETS = {
     "full": dict(duration=5.0, conns=(1, 10, 100), pipe=(("put-pipe", 1), ("put-pipe", 10),
                  ("rd-pipe", 10)), rss_jobs=1_000_000, startup_jobs=1_000_000,
                  rd_jobs=300_000, max_ops=0, extras=True, rounds=2,
-                 handoff_samples=2000, spawn_samples=7),
+                 handoff_samples=2000, spawn_samples=7, rate_seconds=6.0),
     "quick": dict(duration=1.0, conns=(1, 10, 100), pipe=(("put-pipe", 10),),
                   rss_jobs=100_000, startup_jobs=100_000, rd_jobs=40_000, max_ops=0,
-                  extras=True, rounds=1, handoff_samples=300, spawn_samples=3),
+                  extras=True, rounds=1, handoff_samples=300, spawn_samples=3,
+                  rate_seconds=4.0),
     "tiny": dict(duration=0.5, conns=(), pipe=(), rss_jobs=2_000, startup_jobs=2_000,
                  rd_jobs=600, max_ops=300, extras=False, rounds=1,
-                 handoff_samples=20, spawn_samples=1),
+                 handoff_samples=20, spawn_samples=1, rate_seconds=0.0),
 }
 # The tiny preset covers every workload once across the three modes.
 TINY_POINTS = (("memory", "put", 2), ("memory", "rd-pipe", 2), ("never", "cycle", 2),
@@ -525,6 +526,23 @@ class Bench:
             self.say(f"RSS      {kind:10} {json.dumps(r)}")
         out["ratio"] = ratio_of(out["servers"], "bytes_per_job")
         return out
+
+    def run_rate(self) -> dict:
+        """A tube with max-rate: accuracy, and the CPU a limit adds to a reserve
+        (bench/ratelimit.py); smallstalk only, beanstalkd has no such limit."""
+        secs = self.preset["rate_seconds"] if self.args.rate_seconds is None \
+            else self.args.rate_seconds
+        if secs <= 0 or "smallstalk" not in self.servers:
+            return {}
+        import ratelimit
+
+        try:  # the same copy of smallstalk/ as the other points (cwd comes first)
+            r = ratelimit.measure(self.args.rate, secs, work=self.workdir,
+                                  cwd=self.src if self.src is not None else REPO)
+        except Exception as e:  # noqa: BLE001 - one broken section must not end the run
+            r = {"error": f"{type(e).__name__}: {e}"}
+        self.say(f"RATE     smallstalk {json.dumps(r)}")
+        return r
 
     def run_startup(self) -> dict:
         n = self.preset["startup_jobs"] if self.args.startup_jobs is None \
@@ -1026,6 +1044,19 @@ def render(results: dict, markdown: bool) -> str:
         parts.append(table(["case", "ss median", "ss max", "ss cpu", "bs median", "bs max",
                             "bs cpu", "ratio"], cells, markdown, set(range(1, 8))))
 
+    rt = results.get("rate") or {}
+    if "accuracy" in rt:
+        title = (f"Rate-limited reserves (smallstalk; max-rate {rt['rate']}/s, {rt['conns']} "
+                 f"workers, {rt['seconds']:g} s; load {rt['loadavg']:.1f})")
+        parts.append(f"{h}{title}" if markdown else f"-- {title}")
+        parts.append(table(
+            ["steady /s", "accuracy", "past the bound", "µs/job limited", "µs/job unlimited",
+             "µs/job loose limit"],
+            [[_f(rt["steady_per_sec"], 1), f"{rt['accuracy']:.4f}",
+              f"{rt['max_over_bound_jobs']:.2f}", _f(rt["limited_cpu_us_per_job"], 1),
+              _f(rt["unlimited_cpu_us_per_job"], 1), _f(rt["loose_limit_cpu_us_per_job"], 1)]],
+            markdown, set(range(6))))
+
     cells = []
     for t in results["targets"]:
         def val(v, metric=t["metric"]):
@@ -1100,6 +1131,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="hand-off latency samples per mode and server (0 skips)")
     ap.add_argument("--spawn-samples", type=int,
                     help="spawns per case for spawn-to-first-reply (0 skips)")
+    ap.add_argument("--rate-seconds", type=float,
+                    help="seconds of the rate-limited reserve point (smallstalk only; 0 skips)")
+    ap.add_argument("--rate", type=int, default=500, help="its max-rate, reserves per second")
     ap.add_argument("--only", help="regex on MODE/WORKLOAD/CONNS to run a subset of the points")
     ap.add_argument("--servers", default="smallstalk,beanstalkd")
     ap.add_argument("--out", default=str(REPO / "bench-results"), help="results directory")
@@ -1137,6 +1171,7 @@ def main(argv: list[str] | None = None) -> int:
         startup = bench.run_startup()
         handoff = bench.run_handoff()
         spawn = bench.run_spawn()
+        rate = bench.run_rate()
     finally:
         bench.cleanup()
     for row in points:
@@ -1156,13 +1191,14 @@ def main(argv: list[str] | None = None) -> int:
             "servers": bench.servers,
             "partial": bool(args.only) or len(bench.servers) < len(SERVERS)
             or args.rss_jobs == 0 or args.startup_jobs == 0
-            or args.handoff_samples == 0 or args.spawn_samples == 0,
+            or args.handoff_samples == 0 or args.spawn_samples == 0 or args.rate_seconds == 0,
         },
         "points": points,
         "rss": rss,
         "startup": startup,
         "handoff": handoff,
         "spawn": spawn,
+        "rate": rate,
     }
     results["targets"] = evaluate_targets(points, rss, startup, handoff, spawn)
     text = render(results, markdown=False)

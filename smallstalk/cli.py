@@ -208,6 +208,8 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
         lp.log(r.Restart)  # connections of an earlier run are gone
         lp.sync_limits()
         await journal.commit()
+    else:
+        lp.sync_limits()  # in memory: the state takes the limits all the same
     listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in sockets]
     if contexts.server is not None:
         listeners += [tls.listener(trio.socket.from_stdlib_socket(s), contexts.server)
