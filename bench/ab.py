@@ -23,7 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import loadgen  # noqa: E402
-import run  # noqa: E402
+import measure  # noqa: E402
+import servers  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,12 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for i in range(a.rounds):
             for src in a.sources if i % 2 == 0 else a.sources[::-1]:
-                srv = run.Server("smallstalk", mode, workdir, src=Path(src)).start()
+                srv = servers.Server("smallstalk", mode, workdir, src=Path(src)).start()
                 try:
                     if workload in ("rd", "rd-pipe"):
                         loadgen.run(srv.port, "load", 10, procs=a.procs, total=60_000,
                                     duration=5.0)
-                    r = run.Bench.drive(bench, srv, workload, int(conns), duration=a.duration,
+                    r = measure.Bench.drive(bench, srv, workload, int(conns), duration=a.duration,
                                         max_ops=0)
                     res[src].append((r["server_cpu_us_per_op"], r["ops_per_sec"]))
                 finally:

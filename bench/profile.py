@@ -31,11 +31,13 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime as dt
+import json
 import os
 import pstats
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import loadgen  # noqa: E402
-import run  # noqa: E402
+import servers  # noqa: E402
 
 FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 
@@ -96,7 +98,7 @@ def _short(file: str) -> str:
     for marker in ("site-packages/", "lib/python3.11/", "lib/python3"):
         if marker in file:
             return file.split(marker, 1)[1]
-    repo = str(run.REPO) + "/"
+    repo = str(servers.REPO) + "/"
     return file[len(repo):] if file.startswith(repo) else file
 
 
@@ -120,18 +122,34 @@ def status_counts(pid: int) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tool", choices=("py-spy", "cprofile"), default="py-spy")
+    ap.add_argument("--tool", choices=("py-spy", "cprofile", "count", "time"), default="py-spy",
+                    help="count/time: in-process, deterministic calls (or CPU) per command")
     ap.add_argument("--workload", default="put", choices=loadgen.WORKLOADS)
     ap.add_argument("--conns", type=int, default=10)
-    ap.add_argument("--mode", default="never", choices=list(run.MODES))
+    ap.add_argument("--mode", default="never", choices=list(servers.MODES))
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     ap.add_argument("--nonblocking", action="store_true", help="py-spy --nonblocking")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--procs", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--out", default=str(run.REPO / "bench-results"))
+    ap.add_argument("--out", default=str(servers.REPO / "bench-results"))
     ap.add_argument("--py-spy", default=None, help="py-spy binary (default: next to python)")
+    g = ap.add_argument_group("count and time (in-process, no sockets)")
+    g.add_argument("--workloads", default="put,rd,cycle")
+    g.add_argument("--per-turn", default="1,10,100",
+                   help="commands per turn (clients, one command each per pass)")
+    g.add_argument("--ops", type=int, default=2000, help="measured ops per workload")
+    g.add_argument("--reps", type=int, default=5, help="--tool time: repetitions")
+    g.add_argument("--source", action="append", metavar="DIR",
+                   help="a directory holding a smallstalk/ package to count (twice: A/B, "
+                        "alternating in fresh processes)")
+    g.add_argument("--rounds", type=int, default=4, help="A/B rounds")
+    g.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.tool in ("count", "time"):
+        if args.mode == "always":
+            raise SystemExit("count/time run memory or never (no fsync thread in-process)")
+        return count_main(args)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -147,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         raw = out / f"profile-{stamp}.pstats"
 
-    srv = run.Server("smallstalk", args.mode, workdir)
+    srv = servers.Server("smallstalk", args.mode, workdir)
     if args.tool == "cprofile":
         srv.cmd = [srv.cmd[0], "-c", CPROFILE_WRAPPER, str(raw), *srv.cmd[3:]]
     srv.start()
@@ -164,11 +182,11 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.5)
         else:
             os.kill(srv.pid, signal.SIGUSR2)
-        c0, t0, s0 = run.proc_cpu_ns(srv.pid), run.proc_user_sys_ticks(srv.pid), \
+        c0, t0, s0 = servers.proc_cpu_ns(srv.pid), servers.proc_user_sys_ticks(srv.pid), \
             status_counts(srv.pid)
         res = loadgen.run(srv.port, args.workload, args.conns, duration=args.seconds,
                           procs=args.procs)
-        c1, t1, s1 = run.proc_cpu_ns(srv.pid), run.proc_user_sys_ticks(srv.pid), \
+        c1, t1, s1 = servers.proc_cpu_ns(srv.pid), servers.proc_user_sys_ticks(srv.pid), \
             status_counts(srv.pid)
         if spy_proc is not None:
             _, err = spy_proc.communicate(timeout=60)
@@ -194,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             f"CPU/op ({100 * user / max(1, user + system):.0f}% user, "
             f"{100 * system / max(1, user + system):.0f}% system), "
             f"{nvcs / ops:.2f} involuntary context switches per op; "
-            f"git {run.git_info()['commit'][:10]}. Raw: {raw.name}.")
+            f"git {servers.git_info()['commit'][:10]}. Raw: {raw.name}.")
     title = (f"### smallstalk profile ({args.tool}): {args.workload} at {args.conns} "
              f"connections, mode {args.mode}")
     if args.tool == "py-spy":
@@ -253,6 +271,220 @@ def render_cprofile(raw: Path, args, title: str, head: str, ops: int) -> str:
               "| # | calls/op | own % | function |", "|---:|---:|---:|---|"]
     for i, (tt, _ct, nc, name) in enumerate(sorted(rows, key=lambda r: -r[2])[: args.top], 1):
         lines.append(f"| {i} | {nc / ops:.2f} | {100 * tt / total_tt:.1f} | `{name}` |")
+    return "\n".join(lines) + "\n"
+
+
+# --- deterministic counts: what a turn does, in-process --------------------------------
+
+COUNT_WORKLOADS = ("put", "rd", "cycle")
+# The commands one op sends, in order, one per turn (request/response).
+STEPS = {"put": ("put",), "rd": ("reserve", "delete"), "cycle": ("put", "reserve", "delete")}
+PUT = b"put 1024 0 60 100\r\n" + b"x" * 100 + b"\r\n"
+
+
+class _Conn:
+    """One client as the server's connection code meets it (connection.py's
+    `_received`: feed the parser, hand the commands of a read to the loop in
+    one hop); replies are kept, as a socket write would take them."""
+
+    def __init__(self, lp, parser_cls) -> None:
+        self.lp = lp
+        self.parser = parser_cls(lp.max_job_size)
+        self.read_bytes = self.submitted = 0
+        self.replies: list[bytes] = []
+        self.session = lp.open_session(self.deliver)
+        self.job = b""
+
+    def deliver(self, blob: bytes, done: bool, close: bool) -> None:
+        self.replies.append(blob)
+
+    def received(self, data: bytes) -> None:
+        parser = self.parser
+        parser.feed(data)
+        self.read_bytes += len(data)
+        events = parser.events()
+        if events:
+            used = self.read_bytes - parser.buffered()
+            self.lp.submit(self.session, events, used - self.submitted + len(events) * 64)
+            self.submitted = used
+
+    def next_command(self, step: str) -> bytes:
+        """What to send for `step`, from the replies so far (outside the counted pass)."""
+        replies, self.replies = b"".join(self.replies), []
+        if replies.startswith(b"RESERVED "):
+            self.job = replies.split(b" ", 2)[1]
+        if step == "put":
+            return PUT
+        if step == "reserve":
+            return b"reserve-with-timeout 0\r\n"
+        return b"delete %s\r\n" % self.job
+
+
+async def _count_run(workload: str, per_turn: int, ops: int, mode: str, profile) -> dict:
+    """`ops` ops of `workload` by `per_turn` clients, one command each per poller
+    pass, as in request/response at `per_turn` connections; `profile` (a
+    sys.setprofile hook, or None) is on only during the passes of the measured ops."""
+    import trio
+
+    from smallstalk.core.protocol import Parser
+    from smallstalk.core.state import State
+    from smallstalk.server.loop import MutationLoop
+    from smallstalk.storage.journal import FSYNC_NEVER, Journal
+
+    tmp = None
+    journal = None
+    if mode != "memory":
+        tmp = Path(tempfile.mkdtemp(prefix="smallstalk-count-"))
+        journal = Journal(tmp, 1, fsync=FSYNC_NEVER)
+    lp = MutationLoop(State(), journal, tmp)
+    steps = STEPS[workload]
+    rounds = max(1, ops // per_turn)
+    cpu = 0.0
+    passes = 0
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(lp.run)
+            conns = [_Conn(lp, Parser) for _ in range(per_turn)]
+
+            async def one_pass(sends: list, measured: bool) -> None:
+                nonlocal cpu, passes
+                if measured:
+                    t0 = time.thread_time()
+                    if profile is not None:
+                        sys.setprofile(profile)
+                lp.begin_batch()
+                for c, data in sends:
+                    c.received(data)
+                await lp.end_batch()
+                if measured:
+                    sys.setprofile(None)
+                    cpu += time.thread_time() - t0
+                    passes += 1
+
+            await one_pass([], False)  # the sessions open
+            if workload == "rd":  # jobs to consume: one pipelined put per client
+                await one_pass([(c, PUT * (rounds + 8)) for c in conns], False)
+                for c in conns:
+                    c.replies = []
+            for i in range(8 + rounds):  # 8 ops' warm-up, then the measured ones
+                for step in steps:
+                    await one_pass([(c, c.next_command(step)) for c in conns], i >= 8)
+            nursery.cancel_scope.cancel()
+    finally:
+        if journal is not None:
+            journal.close()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    commands = passes * per_turn
+    return {"passes": passes, "commands": commands, "ops": rounds * per_turn,
+            "cpu_us_per_command": 1e6 * cpu / commands if commands else None}
+
+
+def count_calls(workload: str, per_turn: int, ops: int, mode: str) -> dict:
+    """Python calls (and C calls) per command and per turn: deterministic."""
+    import trio
+
+    calls: collections.Counter = collections.Counter()
+
+    def hook(frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            calls[("py", f"{code.co_name} ({_short(code.co_filename)}:{code.co_firstlineno})")] \
+                += 1
+        elif event == "c_call":
+            calls[("c", getattr(arg, "__qualname__", repr(arg)))] += 1
+
+    res = trio.run(_count_run, workload, per_turn, ops, mode, hook)
+    res["py_calls"] = sum(n for (k, _), n in calls.items() if k == "py")
+    res["c_calls"] = sum(n for (k, _), n in calls.items() if k == "c")
+    res["top"] = calls.most_common()
+    return res
+
+
+def time_turns(workload: str, per_turn: int, ops: int, mode: str, reps: int) -> list[float]:
+    """Thread CPU µs per command over the measured passes, `reps` times (no profiler)."""
+    import trio
+
+    return [trio.run(_count_run, workload, per_turn, ops, mode, None)["cpu_us_per_command"]
+            for _ in range(reps)]
+
+
+def count_main(args) -> int:
+    """--tool count / --tool time: in this process, or alternating over --source DIRs."""
+    if args.source and not args.inner:
+        return _ab(args)
+    rows = []
+    for wl in args.workloads.split(","):
+        for k in (int(x) for x in args.per_turn.split(",")):
+            row = {"workload": wl, "per_turn": k, "mode": args.mode}
+            if args.tool == "count":
+                res = count_calls(wl, k, args.ops, args.mode)
+                n, turns = res["commands"], res["passes"]
+                row.update(py_per_cmd=res["py_calls"] / n, c_per_cmd=res["c_calls"] / n,
+                           py_per_turn=res["py_calls"] / turns,
+                           py_per_op=res["py_calls"] / res["ops"],
+                           top=[(f"{kind} {name}", round(c / n, 3))
+                                for (kind, name), c in res["top"]])
+            else:
+                us = time_turns(wl, k, args.ops, args.mode, args.reps)
+                row.update(cpu_us_per_cmd=statistics.median(us), samples=us)
+            rows.append(row)
+    if args.inner:
+        print(json.dumps(rows))
+        return 0
+    print(render_counts(rows, args))
+    return 0
+
+
+def _ab(args) -> int:
+    """Each --source DIR's smallstalk/ in its own process, alternating A B, B A, ..."""
+    results: dict[str, list] = {d: [] for d in args.source}
+    for rnd in range(args.rounds):
+        for d in args.source if rnd % 2 == 0 else args.source[::-1]:
+            env = dict(os.environ, PYTHONPATH=str(Path(d).resolve()))
+            out = subprocess.run(
+                [sys.executable, str(HERE / "profile.py"), "--tool", args.tool, "--inner",
+                 "--workloads", args.workloads, "--per-turn", args.per_turn, "--ops",
+                 str(args.ops), "--mode", args.mode, "--reps", str(args.reps)],
+                env=env, cwd="/", capture_output=True, text=True, check=True).stdout
+            results[d].append(json.loads(out))
+    lines = [f"### {args.tool}: " + " vs ".join(args.source) + f" ({args.rounds} alternating "
+             f"rounds, mode {args.mode})", ""]
+    key = "py_per_cmd" if args.tool == "count" else "cpu_us_per_cmd"
+    what = "Python calls per command" if args.tool == "count" else "CPU µs per command, median"
+    lines += ["| workload | per turn | " + " | ".join(args.source) + " |",
+              "|---|---:|" + "---:|" * len(args.source)]
+    first = results[args.source[0]][0]
+    for i, row in enumerate(first):
+        vals = [statistics.median(r[i][key] for r in results[d]) for d in args.source]
+        lines.append(f"| {row['workload']} | {row['per_turn']} | "
+                     + " | ".join(f"{v:.2f}" for v in vals) + " |")
+    print("\n".join(lines) + f"\n\n({what})")
+    return 0
+
+
+def render_counts(rows: list[dict], args) -> str:
+    if args.tool == "time":
+        lines = [f"### Thread CPU per command in-process, mode {args.mode} ({args.ops} ops, "
+                 f"{args.reps} repetitions: median, min-max)", "",
+                 "| workload | commands per turn | µs/command | min | max |",
+                 "|---|---:|---:|---:|---:|"]
+        for r in rows:
+            lines.append(f"| {r['workload']} | {r['per_turn']} | {r['cpu_us_per_cmd']:.2f} | "
+                         f"{min(r['samples']):.2f} | {max(r['samples']):.2f} |")
+        return "\n".join(lines) + "\n"
+    lines = [f"### Calls per command in-process, mode {args.mode} ({args.ops} ops after 8 of "
+             f"warm-up; a turn = one poller pass with one command from each client; git "
+             f"{servers.git_info()['commit'][:10]})", "",
+             "| workload | commands per turn | Python calls/command | per op | per turn | "
+             "C calls/command |", "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['workload']} | {r['per_turn']} | {r['py_per_cmd']:.1f} | "
+                     f"{r['py_per_op']:.1f} | {r['py_per_turn']:.1f} | {r['c_per_cmd']:.1f} |")
+    for r in rows:
+        lines += ["", f"Top {args.top} calls per command, {r['workload']} with "
+                  f"{r['per_turn']} per turn:", "", "| calls/command | function |", "|---:|---|"]
+        lines += [f"| {n:.3f} | `{name}` |" for name, n in r["top"][: args.top]]
     return "\n".join(lines) + "\n"
 
 

@@ -71,11 +71,18 @@ discard-old-when-full = true
 [tubes.reports]
 max-age = 1
 expire-to = "dead"
+
+[tubes.keyed]
+unique-for = "1h"
+unique-keys-max = 5
 """
 POLICIES: dict[str, dict[str, Any]] = {
     "orders": {"max_jobs": 1, "discard_old_when_full": True},
     "reports": {"max_age": 1, "expire_to": "dead"},
 }
+# Format 5: a keyed put's window and bound (put-unique), per tube; the default's otherwise.
+KEY_POLICIES: dict[str, tuple[int, int]] = {"keyed": (3600, 5)}
+DEFAULT_KEY_POLICY = (3600, 100_000)
 
 # ----------------------------------------------------------------------------
 # The model: what the session did, in the terms of snapshots/README.md.
@@ -182,6 +189,9 @@ class Model:
         self.fanout: dict[str, list[str]] = {}  # parent -> registered fanout tubes
         self.live: dict[str, str] = {}  # Chosen name -> value the live server reported
         self.history: dict[int, dict[str, Any]] = {}  # seq -> expected state after it
+        # Format 5: tube -> {"window", "keys_max", "live": {key: id}, "gone": [[key, id, rel]]}
+        self.keys: dict[str, dict[str, Any]] = {}
+        self.job_keys: dict[int, tuple[str, str]] = {}
 
     # helpers -----------------------------------------------------------------
 
@@ -300,6 +310,45 @@ class Model:
             self._enqueue(j, delay, seq)
         return jobs[0][0]
 
+    def find_key(self, tube: str, key: str) -> int | None:
+        """The job `key` made in `tube`, if a put with it now changes nothing (the
+        session never lets a window pass)."""
+        k = self.keys.get(tube)
+        if k is None:
+            return None
+        if key in k["live"]:
+            return k["live"][key]
+        return next((jid for g, jid, _until in k["gone"] if g == key), None)
+
+    def put_unique(self, client: str, tube: str, key: str, pri: int, ttr: int,
+                   body: str) -> int:
+        """A keyed put that makes a job: one PutUnique record (no policy but keys)."""
+        window, keys_max = KEY_POLICIES.get(tube, DEFAULT_KEY_POLICY)
+        jid = self.next_job_id
+        seq = self._record("put-unique", client, tube=tube, key=key, unique_for=window,
+                           keys_max=keys_max, jobs=[[jid, tube]], pri=pri, delay=0, ttr=ttr,
+                           expires=0, dropped=[], body=body)
+        t = self._tube(tube)
+        self.jobs[jid] = MJob(jid, tube, pri, 0, ttr, body, created=seq)
+        self.next_job_id += 1
+        self.total_jobs += 1
+        t.jobs += 1
+        t.total_jobs += 1
+        k = self.keys.setdefault(tube, {"live": {}, "gone": []})
+        k["window"], k["keys_max"] = window, keys_max
+        k["live"][key] = jid
+        self.job_keys[jid] = (tube, key)
+        return jid
+
+    def _release_key(self, jid: int, seq: int) -> None:
+        held = self.job_keys.pop(jid, None)
+        if held is None:
+            return
+        k = self.keys[held[0]]
+        del k["live"][held[1]]
+        k["gone"].append([held[1], jid, {"seq": seq, "plus_seconds": k["window"]}])
+        assert len(k["gone"]) <= k["keys_max"], "the session never passes the bound"
+
     def expire(self, moves: list[tuple[int, str]]) -> None:
         """Jobs whose expiry came: deleted (to "") or moved to a tube without max-age."""
         self._record("expire", moves=[[jid, to, 0] for jid, to in moves])
@@ -346,7 +395,8 @@ class Model:
         self.conns[client].reserved.add(jid)
 
     def delete(self, client: str, jid: int) -> None:
-        self._record("delete", client, id=jid)
+        seq = self._record("delete", client, id=jid)
+        self._release_key(jid, seq)
         j = self.jobs.pop(jid)
         self._leave(j)
         t = self.tubes[j.tube]
@@ -480,6 +530,12 @@ class Model:
                  "reserved_by": j.reserver, "expires": rel(j.expires)}
                 for j in sorted(self.jobs.values(), key=lambda j: j.id)
             ],
+            "keys": [
+                {"tube": tube, "window": k["window"], "keys_max": k["keys_max"],
+                 "dropped_n": 0, "live": [[key, jid] for key, jid in k["live"].items()],
+                 "gone": [list(g) for g in k["gone"]]}
+                for tube, k in self.keys.items()
+            ],
         }
 
 
@@ -560,6 +616,22 @@ class Client:
         else:
             expect = self.m.put(self.label, tube, pri, delay, ttr, body)
         assert jid == expect, (jid, expect)
+        return jid
+
+    def put_unique(self, key: str, body: str, pri: int, ttr: int = LONG) -> int:
+        """smallstalk's `put-unique`: INSERTED for a new job, DUPLICATE (nothing logged)."""
+        buf = body.encode()
+        self.gs._sock.sendall(b"put-unique %b %d 0 %d %d\r\n%b\r\n" % (
+            key.encode(), pri, ttr, len(buf), buf))
+        word, jid_text = self.gs._reader.readline().split()
+        jid = int(jid_text)
+        tube = self.m.view(self.label).use
+        held = self.m.find_key(tube, key)
+        if held is not None:
+            assert (word, jid) == (b"DUPLICATE", held), (word, jid, held)
+        else:
+            assert word == b"INSERTED", word
+            assert jid == self.m.put_unique(self.label, tube, key, pri, ttr, body)
         return jid
 
     def delete_tube(self, tube: str) -> None:
@@ -748,6 +820,13 @@ def session(data_dir: Path, work: Path) -> Model:
     p2.put("junk-1", pri=5)
     p2.put("junk-2", pri=6, delay=LONG)
     p2.flush_tube("junk")
+    p2.use("keyed")  # format 5: keyed puts, a duplicate, a key outliving its job
+    k1 = p2.put_unique("order-41", "keyed-1", pri=9)
+    assert p2.put_unique("order-41", "keyed-1 again", pri=9) == k1  # DUPLICATE: no record
+    p2.put_unique("order-42", "keyed-2", pri=9)
+    p2.delete(k1)
+    assert p2.put_unique("order-41", "keyed-1 retried", pri=9) == k1  # retained key
+    p2.put_unique("order-43", "keyed-3", pri=9)
     p2.use("emails")
     check_live(srv, m)
     for c in (p2, w2, v2):  # list-tube-used / list-tubes-watched are not logged

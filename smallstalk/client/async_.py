@@ -13,8 +13,8 @@ import trio
 from smallstalk.core import protocol as p
 
 from .addresses import Servers, resolve_servers, split_address
-from .core import _T, DEFAULT_PRIORITY, DEFAULT_TTR, JobLike, _Core, _Exchange, _Op
-from .errors import BeanstalkError, ConnectionFailed, ReadTimeout
+from .core import _T, DEFAULT_PRIORITY, DEFAULT_TTR, JobLike, _Core, _Exchange, _Op, _Pause
+from .errors import BeanstalkError, ConnectionFailed, NotConnected, ReadTimeout
 from .replies import Job, JobRef, JobStats, Reply, ReplyReader, ServerStats, TubeStats
 from .security import security
 
@@ -107,12 +107,12 @@ class AsyncClient:
             conn = await _AsyncConn.open(server, self.connect_timeout,
                                          self.security.ssl_context)
         except trio.TooSlowError as e:
-            raise ConnectionFailed(server, "cannot connect: timed out") from e
+            raise NotConnected(server, "cannot connect: timed out") from e
         except trio.BrokenResourceError as e:
             # trio's SSLStream wraps the ssl module's error.
-            raise ConnectionFailed(server, f"TLS handshake failed: {e.__cause__ or e}") from e
+            raise NotConnected(server, f"TLS handshake failed: {e.__cause__ or e}") from e
         except OSError as e:
-            raise ConnectionFailed(server, f"cannot connect: {e}") from e
+            raise NotConnected(server, f"cannot connect: {e}") from e
         self._conns[i] = conn
         self._core.connected(i)
         hello = self._core.hello()
@@ -151,6 +151,10 @@ class AsyncClient:
             try:
                 req = next(op)
                 while True:
+                    if type(req) is _Pause:
+                        await trio.sleep(req.seconds)
+                        req = op.send([])
+                        continue
                     try:
                         replies = await self._exchange(req)
                     except BeanstalkError as e:
@@ -183,8 +187,11 @@ class AsyncClient:
 
     async def put(self, body: bytes | str, priority: int = DEFAULT_PRIORITY, delay: int = 0,
                   ttr: int = DEFAULT_TTR, *, tube: str | None = None,
-                  server: str | None = None, max_age: int = 0) -> JobRef:
-        return await self._run(self._core.put(body, priority, delay, ttr, tube, server, max_age))
+                  server: str | None = None, max_age: int = 0,
+                  key: str | None = None) -> JobRef:
+        """As `Client.put` (`key`: exactly-once, retried; see docs/CLIENT.md)."""
+        return await self._run(self._core.put(body, priority, delay, ttr, tube, server, max_age,
+                                              key))
 
     async def use(self, tube: str) -> str:
         return await self._run(self._core.use(tube))

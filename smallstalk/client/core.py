@@ -20,8 +20,12 @@ from .errors import (
     CommandError,
     ConnectionFailed,
     Draining,
+    InternalError,
+    NotConnected,
     NotFound,
     NotIgnored,
+    NotReplicated,
+    ReadOnly,
     TimedOut,
     UnknownCommand,
 )
@@ -43,6 +47,13 @@ def _check_uint(value: int, what: str, limit: int = p.U32_MAX) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= limit:
         raise ValueError(f"{what} must be an integer from 0 to {limit}, not {value!r}")
     return value
+
+
+def _check_key(key: str) -> str:
+    if not isinstance(key, str) or not p.valid_key(key.encode("ascii", "replace")):
+        raise ValueError(f"an idempotency key is 1 to {p.KEY_MAX} letters, digits or "
+                         f"-+/;.$_() characters, not {key!r}")
+    return key
 
 
 def _seconds(timeout: float) -> int:
@@ -78,7 +89,16 @@ class _Exchange:
     wait: float | None = 0.0
 
 
-_Op: TypeAlias = Generator[_Exchange, list[Reply], _T]
+@attrs.frozen
+class _Pause:
+    """Sleep `seconds` before going on (a keyed put waiting out a failover)."""
+
+    seconds: float
+
+
+_Op: TypeAlias = Generator[_Exchange | _Pause, list[Reply], _T]
+KEY_RETRIES = 8  # rounds over the servers a keyed put makes before it gives up
+KEY_PAUSE = 0.25  # seconds before the second round; doubled each round, at most 4 s
 JobLike: TypeAlias = JobRef | int
 
 
@@ -244,7 +264,15 @@ class _Core:
     # Commands -----------------------------------------------------------------
 
     def put(self, body: bytes | str, priority: int, delay: int, ttr: int, tube: str | None,
-            server: str | None, max_age: int = 0) -> _Op[JobRef]:
+            server: str | None, max_age: int = 0, key: str | None = None,
+            retries: int = KEY_RETRIES) -> _Op[JobRef]:
+        if key is not None:
+            if max_age:
+                raise ValueError("a keyed put takes no max_age (use the tube's max-age)")
+            cmd = p.PutUnique(_check_key(key), _check_uint(priority, "priority"),
+                              _check_uint(delay, "delay"), _check_uint(ttr, "ttr"), _body(body))
+            cmds, at = self._with_tube(tube, cmd)
+            return (yield from self._put_keyed(cmds, at, server, retries))
         cmd = p.Put(_check_uint(priority, "priority"), _check_uint(delay, "delay"),
                     _check_uint(ttr, "ttr"), _body(body), _check_uint(max_age, "max_age"))
         cmds, at = self._with_tube(tube, cmd)
@@ -258,12 +286,49 @@ class _Core:
             try:
                 replies = yield _Exchange(i, cmds)
                 return self._results(i, cmds, at, replies)
-            except ConnectionFailed as e:
-                # The put may have reached the server: at-least-once, like the protocol.
-                self._mark_down(i)
+            except NotConnected as e:
+                self._mark_down(i)  # nothing was sent: another server may take it
                 last = e
+            except ConnectionFailed:
+                # The put may have reached the server: trying again could make a
+                # second job. Only a keyed put is retried (docs/CLIENT.md).
+                self._mark_down(i)
+                raise
             except Draining as e:
                 last = e
+        assert last is not None
+        raise last
+
+    def _put_keyed(self, cmds: tuple[p.Command, ...], at: int, server: str | None,
+                   retries: int) -> _Op[JobRef]:
+        """`put-unique` until one server answers it, `retries` rounds at most.
+
+        A retry cannot make a second job: the server answers a key it has seen
+        with the first job's id. So a broken connection, a replica that
+        refuses (READ_ONLY: a failover under way), NOT_REPLICATED and
+        INTERNAL_ERROR all lead to the next server, and a round that found
+        none to a pause and the next round.
+        """
+        last: BeanstalkError | None = None
+        pause = KEY_PAUSE
+        for round_ in range(max(1, retries)):
+            if round_:
+                yield _Pause(pause)
+                pause = min(pause * 2, 4.0)
+            if server is not None:
+                order = [self._one_server(server)]
+            else:
+                order = self._order(self._next_put)
+                self._next_put = (self._next_put + 1) % len(self.servers)
+            for i in order:
+                try:
+                    replies = yield _Exchange(i, cmds)
+                    return self._results(i, cmds, at, replies)
+                except ConnectionFailed as e:
+                    self._mark_down(i)
+                    last = e
+                except (ReadOnly, Draining, NotReplicated, InternalError) as e:
+                    last = e
         assert last is not None
         raise last
 

@@ -22,6 +22,10 @@ class ConnectionFailed(BeanstalkError, ConnectionError):
         self.server = server
 
 
+class NotConnected(ConnectionFailed):
+    """Could not connect at all: nothing was sent (a put is safe to try elsewhere)."""
+
+
 class ReadTimeout(ConnectionFailed, TimeoutError):
     """No reply within the read timeout; the connection was dropped."""
 
@@ -127,10 +131,22 @@ class NotReloaded(CommandError):
     reply = word_of(p.not_reloaded("x"))
 
 
+class ReadOnly(CommandError):
+    """A replica refuses changes (a failover may be under way)."""
+
+    reply = word_of(p.READ_ONLY)
+
+
+class NotReplicated(CommandError):
+    """--min-replica-acks: stored on the primary, but no replica confirmed it in time."""
+
+    reply = word_of(p.NOT_REPLICATED)
+
+
 ERRORS: dict[bytes, type[CommandError]] = {
     cls.reply: cls
     for cls in (OutOfMemory, InternalError, BadFormat, UnknownCommand, ExpectedCRLF, JobTooBig,
                 Draining, NotFound, NotIgnored, TimedOut, DeadlineSoon, Buried, Unauthorized,
-                NotAReplica, NotReloaded)
+                NotAReplica, NotReloaded, ReadOnly, NotReplicated)
 }
 

@@ -209,6 +209,7 @@ class Reply:
 
 _INSERTED, _USING, _WATCHING = word_of(p.inserted(0)), word_of(p.using("")), word_of(p.watching(0))
 _KICKED, _OK = word_of(p.KICKED), word_of(p.OK)
+_DUPLICATE = word_of(p.duplicate(0))  # put-unique: the key's job exists (same id: success)
 _RESERVED, _FOUND = p.RESERVED_WORD, p.FOUND_WORD
 # Words followed by a body, and their argument count ("OK" alone answers `auth`).
 _WITH_BODY = {_RESERVED: 2, _FOUND: 2, _OK: 1}
@@ -287,6 +288,7 @@ def _name_arg(reply: Reply) -> str:
 # Success reply of each command: (word, how to build the result).
 _SUCCESS: dict[type, tuple[bytes, Any]] = {
     p.Put: (_INSERTED, lambda r, s: JobRef(_int_arg(r), s)),
+    p.PutUnique: (_INSERTED, lambda r, s: JobRef(_int_arg(r), s)),
     p.Reserve: (_RESERVED, _job),
     p.ReserveJob: (_RESERVED, _job),
     p.Delete: (word_of(p.DELETED), None),
@@ -325,7 +327,7 @@ _SUCCESS: dict[type, tuple[bytes, Any]] = {
 def interpret(cmd: p.Command, reply: Reply, server: str = "") -> Any:
     """The result of `cmd` given its reply, or the error reply raised as an exception."""
     word, build = _SUCCESS[type(cmd)]
-    if reply.word == word:
+    if reply.word == word or (reply.word == _DUPLICATE and type(cmd) is p.PutUnique):
         return None if build is None else build(reply, server)
     error = ERRORS.get(reply.word)
     if error is Buried:

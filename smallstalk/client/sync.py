@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from smallstalk.core import protocol as p
 
 from .addresses import Servers, resolve_servers, split_address
-from .core import _T, DEFAULT_PRIORITY, DEFAULT_TTR, JobLike, _Core, _Exchange, _Op
-from .errors import BeanstalkError, ConnectionFailed, ReadTimeout
+from .core import _T, DEFAULT_PRIORITY, DEFAULT_TTR, JobLike, _Core, _Exchange, _Op, _Pause
+from .errors import BeanstalkError, ConnectionFailed, NotConnected, ReadTimeout
 from .replies import Job, JobRef, JobStats, Reply, ReplyReader, ServerStats, TubeStats
 from .security import security
 
@@ -116,9 +116,9 @@ class Client:
         try:
             conn = _SyncConn(server, self.connect_timeout, self.security.ssl_context)
         except ssl.SSLError as e:
-            raise ConnectionFailed(server, f"TLS handshake failed: {e}") from e
+            raise NotConnected(server, f"TLS handshake failed: {e}") from e
         except OSError as e:
-            raise ConnectionFailed(server, f"cannot connect: {e}") from e
+            raise NotConnected(server, f"cannot connect: {e}") from e
         self._conns[i] = conn
         self._core.connected(i)
         hello = self._core.hello()
@@ -156,6 +156,10 @@ class Client:
             try:
                 req = next(op)
                 while True:
+                    if type(req) is _Pause:
+                        time.sleep(req.seconds)
+                        req = op.send([])
+                        continue
                     try:
                         replies = self._exchange(req)
                     except BeanstalkError as e:
@@ -194,14 +198,21 @@ class Client:
 
     def put(self, body: bytes | str, priority: int = DEFAULT_PRIORITY, delay: int = 0,
             ttr: int = DEFAULT_TTR, *, tube: str | None = None,
-            server: str | None = None, max_age: int = 0) -> JobRef:
+            server: str | None = None, max_age: int = 0, key: str | None = None) -> JobRef:
         """Insert a job (str bodies are UTF-8); `tube` puts into another tube than
         the used one without changing it; `server` picks the server, else
         round-robin; `max_age` (seconds, smallstalk only: sent as `put-expiring`,
         which beanstalkd answers UNKNOWN_COMMAND) expires the job if it is still
         waiting then. Raises
-        JobTooBig, OutOfMemory (a full tube), Draining, Buried, ExpectedCRLF."""
-        return self._run(self._core.put(body, priority, delay, ttr, tube, server, max_age))
+        JobTooBig, OutOfMemory (a full tube), Draining, Buried, ExpectedCRLF.
+
+        `key` (smallstalk only: `put-unique`) makes the put exactly-once: a
+        put whose connection broke, or that met a replica or NOT_REPLICATED,
+        is sent again (to the same or another server, a few rounds), and
+        every try returns the id of the one job the key made. A put without a
+        key is never sent twice: it may have been stored (docs/CLIENT.md)."""
+        return self._run(self._core.put(body, priority, delay, ttr, tube, server, max_age,
+                                        key))
 
     def use(self, tube: str) -> str:
         """Put into `tube` from now on (on every server)."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from smallstalk.core.model import STATE_BY_NAME, STATE_NAMES
 from smallstalk.core.state import DELAYED, NS, RESERVED, body_len
-from smallstalk.core.stats import job_stats, tube_stats
+from smallstalk.core.stats import job_key_stats, job_stats, tube_stats
 from smallstalk.server import stats as server_stats
 from smallstalk.server.loop import MutationLoop
 
@@ -83,8 +83,9 @@ def job(lp: MutationLoop, jid: int, body_limit: int) -> dict[str, Any] | None:
     j = st.jobs.get(jid)
     if j is None:
         return None
-    stats = {k: (v.decode() if isinstance(v, bytes) else v)
-             for k, v in job_stats(j, lp.now) + server_stats.job_stats_extended(lp, jid)}
+    stats = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in job_stats(j, lp.now)}
+    stats.update((k, v) for k, v in job_key_stats(st.keys, j) if v)  # put-unique's key
+    stats.update(server_stats.job_stats_extended(lp, jid))  # why a policy holds it back
     try:
         body = lp.body_of(j)[:body_limit]
         error = ""

@@ -23,6 +23,21 @@ class Put:
 
 
 @attrs.frozen(slots=True)
+class PutUnique:
+    """smallstalk's `put-unique <key> <pri> <delay> <ttr> <bytes>`: a put with an
+    idempotency key (1 to KEY_MAX bytes of tube-name characters)."""
+
+    key: str
+    pri: int
+    delay: int
+    ttr: int  # seconds, at least 1
+    body: bytes
+
+
+KEY_MAX = 200  # bytes of an idempotency key
+
+
+@attrs.frozen(slots=True)
 class Reserve:
     timeout: int | None  # seconds; None blocks without limit
 
@@ -239,7 +254,7 @@ Command = (
     | PeekReady | PeekDelayed | PeekBuried | Kick | KickJob | StatsJob | StatsTube | Stats
     | ListTubes | ListTubeUsed | ListTubesWatched | PauseTube | Quit | Replicate | ReplicaAck
     | PromoteReplica | DeleteTube | ConfigDump | ReloadConfig | Auth | ListJobs | FlushTube
-    | ExtStats | ExtStatsTube
+    | ExtStats | ExtStatsTube | PutUnique
 )
 Event = Command | ErrorReply
 
@@ -260,6 +275,9 @@ def render(cmd: Command) -> bytes:
                 cmd.pri, cmd.delay, cmd.ttr, cmd.max_age, len(cmd.body), cmd.body)
         return b"put %d %d %d %d\r\n%s\r\n" % (
             cmd.pri, cmd.delay, cmd.ttr, len(cmd.body), cmd.body)
+    if t is PutUnique:
+        return b"put-unique %s %d %d %d %d\r\n%s\r\n" % (
+            cmd.key.encode(), cmd.pri, cmd.delay, cmd.ttr, len(cmd.body), cmd.body)
     if t is Reserve:
         if cmd.timeout is None:
             return b"reserve\r\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
+from smallstalk.core.keys import KeyIndex
 from smallstalk.core.model import (
     BURIED,
     DEFAULT_TUBE,
@@ -68,6 +69,7 @@ class Moves:
         # a 14th slot moves every Job to the next allocation size (+16 bytes).
         self.expires: dict[int, int] = {}
         self.fanout: dict[str, list[str]] = {}  # parent -> fanout tubes, oldest first
+        self.keys = KeyIndex()  # idempotency keys (core/keys.py)
         # Tube policies that are state because the records say so (format 6):
         # why a job is held back (an attempt limit's reason, "backoff" while
         # a back-off delay runs); each tube's concurrency and rate limits
@@ -251,6 +253,8 @@ class Moves:
         del self.jobs[j.id]
         if self.expires:
             self.expires.pop(j.id, None)
+        if self.keys.of_job:
+            self.keys.release(j.id, self.time)
         if self.holds:
             self.holds.pop(j.id, None)
         if isinstance(j.body, int) and self.on_body_dropped is not None:

@@ -34,6 +34,7 @@ import attrs
 from smallstalk.core.commands import (
     CONFIG,
     EXT_STATS,
+    KEY_MAX,
     LIST_JOBS_MAX,
     LIST_JOBS_STATES,
     LIST_TUBE_USED,
@@ -63,6 +64,7 @@ from smallstalk.core.commands import (
     PauseTube,
     Peek,
     Put,
+    PutUnique,
     Release,
     ReplicaAck,
     Replicate,
@@ -77,6 +79,15 @@ from smallstalk.core.commands import (
 from smallstalk.core.replies import BAD_FORMAT, EXPECTED_CRLF, JOB_TOO_BIG, UNKNOWN_COMMAND
 
 LINE_MAX = 224  # bytes, including CRLF (beanstalkd's LINE_BUF_SIZE)
+# `put-unique <key> <pri> <delay> <ttr> <bytes>`: a 200-byte key and four
+# 10-digit numbers do not fit beanstalkd's line, so this command of our own
+# has a longer one (no beanstalkd command starts with its name).
+_PUT_UNIQUE = b"put-unique "
+_PUT_UNIQUE_LINE_MAX = len(_PUT_UNIQUE) + 200 + 4 * 11 + 2
+# The everyday put-unique, whole line, as `_PUT_LINE` is the everyday put's.
+_PUT_UNIQUE_LINE = re.compile(
+    rb"put-unique ([-A-Za-z0-9+/;.$_()]{1,200}) ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1,10}) "
+    rb"([0-9]{1,10})\r\n")
 TUBE_NAME_MAX = 200
 DEFAULT_MAX_JOB_SIZE = 65535
 MAX_JOB_SIZE_LIMIT = 1073741824  # beanstalkd's JOB_DATA_SIZE_LIMIT_MAX
@@ -267,6 +278,25 @@ def _p_put_expiring(line: bytes, max_job_size: int) -> _PutHeader:
     return _PutHeader(pri, delay, max(ttr, 1), size, max_age)
 
 
+def _p_put_unique(line: bytes, max_job_size: int) -> _PutHeader:
+    """`put-unique <key> <pri> <delay> <ttr> <bytes>`: a put with an idempotency key."""
+    key, space, rest = line[len(_PUT_UNIQUE):].partition(b" ")
+    if not space or not valid_key(key):
+        raise _Bad
+    pri, pos = _read_uint(rest, 0, U32_MAX, False)
+    delay, pos = _read_uint(rest, pos, U32_MAX, False)
+    ttr, pos = _read_uint(rest, pos, U32_MAX, False)
+    size, _ = _read_uint(rest, pos, U32_MAX, True)
+    if size > max_job_size:
+        return _PutHeader(pri, delay, ttr, -size)  # skip the body
+    return _PutHeader(pri, delay, max(ttr, 1), size, 0, key.decode("ascii"))
+
+
+def valid_key(key: bytes) -> bool:
+    """An idempotency key: 1 to 200 bytes of the characters tube names use."""
+    return 0 < len(key) <= KEY_MAX and all(c in NAME_CHARS for c in key)
+
+
 def _p_auth(rest: bytes) -> Command:
     if not rest or not all(0x21 <= b <= 0x7E for b in rest):
         raise _Bad
@@ -310,6 +340,7 @@ class _PutHeader:
     ttr: int
     size: int
     max_age: int = 0
+    key: str = ""  # put-unique
 
 
 _ID, _U32 = rb"([0-9]{1,18})", rb"([0-9]{1,9})"  # digits that cannot pass the bound
@@ -367,6 +398,8 @@ def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHea
             return QUIT
         if line.startswith(b"put-expiring "):
             return _p_put_expiring(line, max_job_size)
+        if line.startswith(_PUT_UNIQUE):
+            return _p_put_unique(line, max_job_size)
         if line.startswith(b"pause-tube"):
             return _p_pause_tube(line[len(b"pause-tube"):])
         if line.startswith(b"replicate "):
@@ -442,6 +475,7 @@ class Parser:
         last = self._last
         while True:
             mode = self._mode
+            lim = LINE_MAX
             if mode == _LINE and pos < n and buf[pos] == 0x70:  # b"p": a put's fast paths
                 if buf.startswith(last[0], pos):
                     line, pri, delay, ttr, size = last
@@ -462,6 +496,20 @@ class Parser:
                         last = self._last = (bytes(buf[pos:stop]), pri, delay, ttr, size)
                         pos = stop + size + 2
                         continue
+                if buf.startswith(_PUT_UNIQUE, pos):
+                    m = _PUT_UNIQUE_LINE.match(buf, pos)
+                    if m is not None:
+                        stop = m.end()
+                        key, pri, delay, ttr, size = m.groups()
+                        pri, delay, ttr, size = int(pri), int(delay), int(ttr), int(size)
+                        if (size <= max_size and pri <= U32_MAX and delay <= U32_MAX
+                                and ttr <= U32_MAX and n - stop >= size + 2
+                                and buf[stop + size:stop + size + 2] == b"\r\n"):
+                            out.append(PutUnique(key.decode("ascii"), pri, delay, ttr or 1,
+                                                 bytes(buf[stop:stop + size])))
+                            pos = stop + size + 2
+                            continue
+                    lim = _PUT_UNIQUE_LINE_MAX
             if mode == _LINE or mode == _DISCARD:
                 # Where the line at `pos` ends, as beanstalkd finds it: it reads
                 # a line into a 224-byte buffer and looks only at the first CR in
@@ -469,15 +517,15 @@ class Parser:
                 # by LF means no line in this window. Less than a window: wait
                 # for more bytes; a full window and no line: discard it.
                 w = n - pos
-                if w > LINE_MAX:
-                    w = LINE_MAX
+                if w > lim:
+                    w = lim
                 end = buf.find(b"\r", pos, pos + w - 1)
                 if end < 0 or buf[end + 1] != 0x0A:
-                    if w < LINE_MAX:
+                    if w < lim:
                         break  # wait for more bytes
                     end = -1
                 if end < 0:  # a full window and no line: drop it, keep dropping
-                    pos += LINE_MAX
+                    pos += lim
                     self._mode = _DISCARD
                     continue
                 if mode == _DISCARD:
@@ -513,6 +561,8 @@ class Parser:
                 self._put = None
                 if trailer != b"\r\n":
                     out.append(ErrorReply(EXPECTED_CRLF, Put))
+                elif put.key:
+                    out.append(PutUnique(put.key, put.pri, put.delay, put.ttr, body))
                 else:
                     out.append(Put(put.pri, put.delay, put.ttr, body, put.max_age))
             elif mode == _SKIP:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from smallstalk.core.commands import (
     CONFIG,
     EXT_STATS,
+    KEY_MAX,
     LIST_JOBS_MAX,
     LIST_JOBS_STATES,
     LIST_TUBE_USED,
@@ -46,6 +47,7 @@ from smallstalk.core.commands import (
     PeekReady,
     PromoteReplica,
     Put,
+    PutUnique,
     Quit,
     Release,
     ReloadConfig,
@@ -71,6 +73,7 @@ from smallstalk.core.parser import (
     U64_MAX,
     Parser,
     parse_line,
+    valid_key,
     valid_tube_name,
 )
 from smallstalk.core.replies import (
@@ -105,6 +108,7 @@ from smallstalk.core.replies import (
     UNAUTHORIZED_WORD,
     UNKNOWN_COMMAND,
     buried_id,
+    duplicate,
     flushed,
     found,
     fullresync,
@@ -186,6 +190,10 @@ __all__ = [
     "PeekReady",
     "PromoteReplica",
     "Put",
+    "PutUnique",
+    "KEY_MAX",
+    "duplicate",
+    "valid_key",
     "QUIT",
     "Quit",
     "READ_ONLY",

@@ -420,6 +420,7 @@ class Queries:
         assert all(jid in self.jobs for jid in self.holds)
         assert all(self.jobs[jid].state == DELAYED for jid, why in self.holds.items()
                    if why == "backoff")
+        self.keys.check(self.jobs)
         for parent, children in self.fanout.items():
             assert children and all(fanout_parent(c) == parent for c in children)
         for c in self.conns.values():

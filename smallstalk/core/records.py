@@ -23,8 +23,9 @@ from typing import ClassVar
 import attrs
 import cbor2
 
-# 2: PutJobs, Expire, DeleteTube; snapshot items for big tubes. 3: `jobs` items. 4: FlushTube
-FORMAT_VERSION = 4
+# 2: PutJobs, Expire, DeleteTube; snapshot items for big tubes. 3: `jobs` items. 4: FlushTube.
+# 5: PutUnique, `keys` snapshot items
+FORMAT_VERSION = 5
 
 
 @attrs.frozen(slots=True)
@@ -260,6 +261,40 @@ class FlushTube:
     ids: tuple[int, ...] = attrs.field(converter=tuple)
 
 
+def _job_pairs(xs) -> tuple[tuple[int, str], ...]:
+    """PutUnique's `jobs` as tuples; the one pair the server makes passes as it is."""
+    if type(xs) is tuple and len(xs) == 1 and type(xs[0]) is tuple:
+        return xs
+    return tuple((int(i), str(t)) for i, t in xs)
+
+
+@attrs.frozen(slots=True)
+class PutUnique:
+    """A put with an idempotency key (format 5): PutJobs's fields, and the key.
+
+    `key` is indexed in `tube` (the tube put into) and names the first job
+    of `jobs`. `unique_for` (s) and `keys_max` are the tube's policy when the
+    put was made: how long the key outlives its job, and how many such keys
+    the tube keeps (core/keys.py). The body stays the last field.
+    """
+
+    CODE: ClassVar[int] = 21
+    seq: int
+    time: int
+    conn: int
+    tube: str
+    key: str
+    unique_for: int  # seconds
+    keys_max: int
+    jobs: tuple[tuple[int, str], ...] = attrs.field(converter=_job_pairs)
+    pri: int
+    delay: int
+    ttr: int
+    expires: int
+    dropped: tuple[int, ...] = attrs.field(converter=tuple)
+    body: bytes
+
+
 @attrs.frozen(slots=True)
 class Requeue:
     """Reserved jobs going back as their tube's policy decided (format 6).
@@ -356,12 +391,13 @@ class WaitStop:
 LOGGED_TYPES = (
     Put, Reserve, Delete, Release, Bury, Touch, Kick, Use, Watch, Ignore, PauseTube,
     Disconnect, Promote, Timeout, Restart, NewEpoch, PutJobs, Expire, DeleteTube, FlushTube,
+    PutUnique,
     Requeue, Limits, Fire,
 )
 Record = (
     Put | Reserve | Delete | Release | Bury | Touch | Kick | Use | Watch | Ignore | PauseTube
     | Disconnect | Promote | Timeout | Restart | NewEpoch | PutJobs | Expire | DeleteTube
-    | FlushTube | Requeue | Limits | Fire | Connect | WaitStart | WaitStop
+    | FlushTube | PutUnique | Requeue | Limits | Fire | Connect | WaitStart | WaitStop
 )
 
 for _cls in LOGGED_TYPES:
@@ -377,8 +413,11 @@ OP_NAMES: dict[type, str] = {
     PauseTube: "pause-tube", Disconnect: "disconnect", Promote: "promote",
     Timeout: "timeout", Restart: "restart", NewEpoch: "new-epoch", PutJobs: "put-jobs",
     Expire: "expire", DeleteTube: "delete-tube", FlushTube: "flush-tube",
+    PutUnique: "put-unique",
     Requeue: "requeue", Limits: "limits", Fire: "fire",
 }
+# The records that make jobs from a body (their body is the last field).
+PUT_TYPES = (Put, PutJobs, PutUnique)
 
 
 class DecodeError(ValueError):

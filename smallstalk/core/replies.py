@@ -46,6 +46,11 @@ def inserted(job_id: int) -> bytes:
     return b"INSERTED %d\r\n" % job_id
 
 
+def duplicate(job_id: int) -> bytes:
+    """`put-unique`'s answer when its key already made job `job_id` (nothing changed)."""
+    return b"DUPLICATE %d\r\n" % job_id
+
+
 def buried_id(job_id: int) -> bytes:
     return b"BURIED %d\r\n" % job_id
 

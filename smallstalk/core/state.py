@@ -83,6 +83,7 @@ class State(Moves, Queries):
             r.Promote: self._promote, r.Timeout: self._timeout, r.Restart: self._restart,
             r.NewEpoch: self._new_epoch, r.PutJobs: self._put_jobs, r.Expire: self._expire,
             r.DeleteTube: self._delete_tube, r.FlushTube: self._flush_tube,
+            r.PutUnique: self._put_unique,
             r.Requeue: self._requeue, r.Limits: self._limits, r.Fire: self._fire,
             r.Connect: self._connect, r.WaitStart: self._wait_start, r.WaitStop: self._wait_stop,
         }
@@ -189,6 +190,24 @@ class State(Moves, Queries):
             self._maybe_drop(t)
         for jid, tube in rec.jobs:
             self._new_job(jid, tube, rec, rec.body, rec.expires)
+
+    def _put_unique(self, rec: r.PutUnique) -> None:
+        if not rec.jobs:
+            raise StateError("a keyed put made no job")
+        keys = self.keys
+        if keys.find(rec.tube, rec.key, rec.time) is not None:
+            raise StateError(f"key {rec.key!r} of tube {rec.tube!r} is taken: "
+                             "the put was a duplicate")
+        if len(rec.jobs) == 1 and not rec.dropped and not rec.expires:
+            # One job, as a Put makes it: apply_put's inlined path (seq 0: `apply`
+            # has done the seq and time already).
+            jid, tube = rec.jobs[0]
+            self.apply_put(0, rec.time, rec.conn, jid, tube, rec.pri, rec.delay, rec.ttr,
+                           rec.body)
+        else:
+            self._put_jobs(rec)
+        keys.add(rec.tube, rec.key, rec.jobs[0][0], rec.unique_for * NS, rec.keys_max, rec.time,
+                 rec.seq)
 
     def _expire(self, rec: r.Expire) -> None:
         for jid, to, expires in rec.moves:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from smallstalk.core.keys import KeyIndex
 from smallstalk.core.model import DELAYED, NS, RESERVED, STATE_NAMES, Job, Tube, secs
 
 
@@ -40,3 +41,18 @@ def tube_stats_ext(t: Tube) -> list[tuple[str, object]]:
         ("current-bytes", t.bytes_n), ("bytes-in-memory", t.bytes_n - t.spilled_n),
         ("bytes-on-disk", t.spilled_n),
     ]
+
+
+def tube_key_stats(keys: KeyIndex, tube: str) -> list[tuple[str, object]]:
+    """A tube's idempotency keys (core/keys.py): live, retained, dropped past the bound."""
+    k = keys.tubes.get(tube)
+    if k is None:
+        return [("keys-live", 0), ("keys-retained", 0), ("keys-dropped", 0)]
+    return [("keys-live", len(k.live)), ("keys-retained", len(k.gone)),
+            ("keys-dropped", k.dropped_n)]
+
+
+def job_key_stats(keys: KeyIndex, j: Job) -> list[tuple[str, object]]:
+    """`stats-job`'s extended keys: the idempotency key the job was put with ("" if none)."""
+    held = keys.key_of(j.id)
+    return [("key", held[1] if held else "")]

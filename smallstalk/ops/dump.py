@@ -51,7 +51,7 @@ def job_ids(rec: records.Record) -> tuple[int, ...]:
     t = type(rec)
     if t is r.Requeue:
         return tuple(m[0] for m in rec.outcomes)
-    if t is r.PutJobs:
+    if t is r.PutJobs or t is r.PutUnique:
         return (*(i for i, _tube in rec.jobs), *rec.dropped)
     if t is r.Expire:
         return tuple(i for i, _to, _expires in rec.moves)
@@ -98,6 +98,10 @@ def details(rec: records.Record) -> str:
         return f"jobs {','.join(map(str, rec.ids))}"
     if t is r.Restart:
         return "server started: earlier connections are gone"
+    if t is r.PutUnique:
+        return (f"key {rec.key} in {rec.tube} (kept {rec.unique_for}s after, at most "
+                f"{rec.keys_max})  " + details(r.PutJobs(*records.to_list(rec)[1:4],
+                                                          *records.to_list(rec)[8:])))
     if t is r.PutJobs:
         jobs = ", ".join(f"{i} {tube}" for i, tube in rec.jobs) or "none"
         dropped = f"  dropped {','.join(map(str, rec.dropped))}" if rec.dropped else ""
@@ -161,7 +165,7 @@ class TubeOfJobs:
         if t is r.Put:
             self.tubes[rec.id] = rec.tube
             return rec.tube in wanted
-        if t is r.PutJobs:
+        if t is r.PutJobs or t is r.PutUnique:
             hit = any([self.tubes.pop(jid, None) in wanted for jid in rec.dropped])
             for jid, tube in rec.jobs:
                 self.tubes[jid] = tube

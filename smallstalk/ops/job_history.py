@@ -61,6 +61,7 @@ class JobHistory:
     tube: str | None = None  # the tube it was put into (or was in at the snapshot)
     moved_to: list[str] = attrs.Factory(list)  # dead-letter tubes an expiry moved it to
     put_seq: int | None = None
+    key: str | None = None  # the idempotency key it was put with (put-unique)
     complete: bool = False  # the put is in the log
     folded: HistoryFolded | None = None  # set when earlier history is gone
     alive: bool = False
@@ -152,7 +153,7 @@ class _JobTracker:
                 ttr = f" ({self.ttr}s)" if self.ttr else ""
                 who = f": conn {holder} lost it" if holder is not None else ""
                 self.step(rec, "timeout", "ready", f"TTR{ttr} ran out{who}", holder, held)
-        elif t is r.PutJobs:
+        elif t is r.PutJobs or t is r.PutUnique:
             self._put_jobs(rec)
         elif t is r.Requeue:
             for i, until, to, reason in rec.outcomes:
@@ -193,7 +194,7 @@ class _JobTracker:
                 self.step(rec, "restart", "ready",
                           f"server restarted: {who} reservation ended", holder, held)
 
-    def _put_jobs(self, rec: r.PutJobs) -> None:
+    def _put_jobs(self, rec: r.PutJobs | r.PutUnique) -> None:
         jid = self.jid
         if jid in rec.dropped:
             made = ", ".join(f"{i} ({tube})" for i, tube in rec.jobs) or "none kept"
@@ -214,6 +215,9 @@ class _JobTracker:
             copies = ", ".join(f"{i} ({t})" for i, t in rec.jobs[1:])
             made = f" into {tube}" + (f" (fanout copies: {copies})" if copies else "")
         expires = f", expires {expiry(rec.expires, rec.time)}" if rec.expires else ""
+        if type(rec) is r.PutUnique and not n:
+            self.h.key = rec.key
+            made += f" with key {rec.key}"
         dropped = (f"; discarded {plural(len(rec.dropped), 'job')} "
                    f"({', '.join(map(str, rec.dropped))}) to make room" if rec.dropped else "")
         self.ttr = max(rec.ttr, 1)
@@ -421,7 +425,7 @@ def _ends_reservation(s: Step) -> bool:
 def _summary(h: JobHistory) -> dict:
     return {"kind": "summary", "job": h.job, "tube": h.tube, "moved_to": h.moved_to,
             "complete": h.complete,
-            "alive": h.alive, "put_seq": h.put_seq, "time_in_ns": h.time_in,
+            "alive": h.alive, "put_seq": h.put_seq, "key": h.key, "time_in_ns": h.time_in,
             "reservations": h.reservations, "counts": h.counts,
             "log_end_seq": h.log_end[0] if h.log_end else None,
             "folded": str(h.folded) if h.folded else None}

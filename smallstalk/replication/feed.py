@@ -211,6 +211,14 @@ def promote(lp: MutationLoop) -> int:
     lp.log(r.Restart)
     epoch = lp.state.epoch[0] + 1
     lp.log(r.NewEpoch, epoch, new_history())
+    # A connection's `use` on the replica was its view only (dispatch.use): make
+    # it the tube its puts go to now, or they would land in `default` (and a
+    # keyed put would miss its key, which lives in the tube it names).
+    for s in lp.sessions.values():
+        if s.view_use is not None:
+            if s.view_use != lp.state.use_of(s.id):
+                lp.log(r.Use, s.id, s.view_use)
+            s.view_use = None
     lp.sync_limits()  # this server's configuration from now on
     log.info("promoted to primary, epoch %d", epoch)
     return epoch

@@ -35,7 +35,7 @@ import trio
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import READY, State
-from smallstalk.server.session import Delivery, Session, deliver, recount
+from smallstalk.server.session import Delivery, Session, deliver, deliver_replies, recount
 from smallstalk.storage.bodies import PUTS
 from smallstalk.storage.journal import INLINE_SYNC_RECORDS, Journal, JournalError
 
@@ -202,7 +202,7 @@ class GroupCommit:
         """Remember staged puts and kicks: a reserve's reply waits for them."""
         if kind is r.Put:
             top = rec.id
-        elif kind is r.PutJobs and rec.jobs:
+        elif (kind is r.PutJobs or kind is r.PutUnique) and rec.jobs:
             top = rec.jobs[-1][0]
         elif kind is r.Fire and rec.id:
             top = rec.id
@@ -276,6 +276,9 @@ class GroupCommit:
                     feed.push(payloads)
         for _box, done in calls:
             done.set()
+        if not self.min_replica_acks:
+            self._collect(send=True)  # nothing to hold: no Delivery to make
+            return
         self._reply(self._collect(), self.owner.state.last_seq if committed else self.turn_seq0,
                     self.turn_seq0)
 
@@ -402,8 +405,9 @@ class GroupCommit:
 
     # --- replies ----------------------------------------------------------------------
 
-    def _collect(self) -> list[Delivery]:
-        """Take every touched session's replies of this turn, one delivery each."""
+    def _collect(self, send: bool = False) -> list[Delivery]:
+        """Take every touched session's replies of this turn, one delivery each
+        (`send`: send each at once instead, and return none)."""
         touched, self.touched = self.touched, {}
         sessions = self.owner.sessions
         deliveries = []
@@ -418,8 +422,12 @@ class GroupCommit:
             done = not s.blocked and not s.pending
             # A session that just started waiting is told so (done=False, maybe
             # no bytes): its connection then watches the socket meanwhile.
-            deliveries.append(Delivery(s, s.out, s.out_mut, done, s.closing))
+            out, mut = s.out, s.out_mut
             s.out, s.out_mut = [], []
+            if send:
+                deliver_replies(s, out, done, s.closing)
+            else:
+                deliveries.append(Delivery(s, out, mut, done, s.closing))
         return deliveries
 
     def _reply(self, deliveries: list[Delivery], turn_seq: int, seq0: int) -> None:

@@ -11,6 +11,7 @@ statistics commands read server/stats.py.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Protocol
 
@@ -18,7 +19,7 @@ from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.model import STATE_BY_NAME
 from smallstalk.core.state import BURIED, DELAYED, NS, READY, RESERVED, State, body_len
-from smallstalk.core.stats import job_stats, tube_stats
+from smallstalk.core.stats import job_key_stats, job_stats, tube_stats
 from smallstalk.server import holdback
 from smallstalk.server import stats as server_stats
 from smallstalk.server.admin import AUTH_FAIL_DELAY, AdminPolicy, token_matches
@@ -64,6 +65,8 @@ class Loop(server_stats.Observed, Protocol):
 
     def replica_acked(self, s: Session, seq: int) -> None: ...
 
+    def replicated(self, seq: int) -> bool: ...
+
     def reload_config(self) -> str | None: ...
 
 
@@ -84,10 +87,21 @@ def put(lp: Loop, s: Session, cmd: p.Put):
     return _put_with_policy(lp, s, cmd, tube, pol, children or [])
 
 
-def _put_with_policy(lp: Loop, s: Session, cmd: p.Put, tube: str, pol: TubePolicy,
-                     children: list[str]):
-    """A put that limits, expiry or fanout touch: one PutJobs record, or a refusal."""
+def _put_with_policy(lp: Loop, s: Session, cmd: p.Put | p.PutUnique, tube: str,
+                     pol: TubePolicy, children: list[str]):
+    """A put that limits, expiry, fanout or a key touch: one PutJobs (PutUnique
+    with a key) record, a refusal, or the id of the job its key already made."""
     st = lp.state
+    key = cmd.key if type(cmd) is p.PutUnique else body_key(cmd.body) if pol.unique else ""
+    if key:
+        held = st.keys.find(tube, key, lp.now)
+        if held is not None:
+            if not lp.replicated(st.keys.put_seq(held)):
+                # Its put is not on a replica yet: a failover now would lose the
+                # job, so the repeat is not confirmed either (the client retries).
+                return p.NOT_REPLICATED
+            lp.count_tube(tube, "puts-deduplicated")
+            return p.duplicate(held) if type(cmd) is p.PutUnique else p.inserted(held)
     size = len(cmd.body)
     if pol.max_job_size and size > pol.max_job_size:
         lp.count_tube(tube, "puts-refused")
@@ -104,15 +118,52 @@ def _put_with_policy(lp: Loop, s: Session, cmd: p.Put, tube: str, pol: TubePolic
             lp.count_tube(child, "puts-refused")  # this copy only; the put goes on
             continue
         targets.append(child)
-    ages = [a for a in (cmd.max_age, pol.max_age) if a]
+    max_age = cmd.max_age if type(cmd) is p.Put else 0
+    ages = [a for a in (max_age, pol.max_age) if a]
     expires = lp.now + min(ages) * NS if ages else 0
     if not targets:
         # A fanout-only tube nobody listens to: accepted, and kept nowhere.
         job_id = lp.take_job_id()
         return p.inserted(job_id)
     jobs = [(lp.take_job_id(), t) for t in targets]
-    lp.log(r.PutJobs, s.id, jobs, cmd.pri, cmd.delay, cmd.ttr, expires, dropped, cmd.body)
+    if key:
+        lp.log(r.PutUnique, s.id, tube, key, pol.unique_for, pol.unique_keys_max, jobs,
+               cmd.pri, cmd.delay, cmd.ttr, expires, dropped, cmd.body)
+    else:
+        lp.log(r.PutJobs, s.id, jobs, cmd.pri, cmd.delay, cmd.ttr, expires, dropped, cmd.body)
     return p.inserted(jobs[0][0])
+
+
+# --- exactly-once enqueue (core/keys.py) ---------------------------------------------
+
+
+def put_unique(lp: Loop, s: Session, cmd: p.PutUnique):
+    """`put-unique <key> ...`: INSERTED <id> for a new job, DUPLICATE <id> when
+    the key already made one (docs/PROTOCOL-EXTENSIONS.md)."""
+    lp.count("cmd-put")
+    s.producer = True
+    if lp.draining:
+        lp.burn_job_id()
+        return p.DRAINING
+    st = lp.state
+    tube = st.use_of(s.id)
+    pol = lp.policies.of(tube)
+    children = st.fanout.get(tube)
+    if pol.unlimited and not children:
+        # The common case, without _put_with_policy's decisions: one job, no drops.
+        held = st.keys.find(tube, cmd.key, lp.now)
+        if held is None:
+            job_id = lp.take_job_id()
+            lp.log(r.PutUnique, s.id, tube, cmd.key, pol.unique_for, pol.unique_keys_max,
+                   ((job_id, tube),), cmd.pri, cmd.delay, cmd.ttr, 0, (), cmd.body)
+            return p.inserted(job_id)
+    return _put_with_policy(lp, s, cmd, tube, pol, children or [])
+
+
+def body_key(body: bytes) -> str:
+    """The key of a put into a `unique = "body"` tube: its body's digest. `#`
+    is no key character, so it never equals a client's key."""
+    return "#" + hashlib.blake2b(body, digest_size=16).hexdigest()
 
 
 def _make_room(st: State, tube: str, pol: TubePolicy, size: int, dropped: list[int]) -> bool:
@@ -290,6 +341,7 @@ def stats_job(lp: Loop, s: Session, cmd: p.StatsJob):
         return p.NOT_FOUND
     pairs = job_stats(job, lp.now)
     if lp.extended_stats:
+        pairs += job_key_stats(lp.state.keys, job)
         pairs += server_stats.job_stats_extended(lp, job.id)
     return p.yaml_dict(pairs)
 
@@ -442,13 +494,13 @@ HANDLERS = {
     p.ReplicaAck: replica_ack, p.PromoteReplica: promote, p.DeleteTube: delete_tube,
     p.ConfigDump: config, p.ReloadConfig: reload_config, p.ListJobs: list_jobs,
     p.FlushTube: flush_tube, p.Auth: auth, p.ExtStats: ext_stats,
-    p.ExtStatsTube: ext_stats_tube,
+    p.ExtStatsTube: ext_stats_tube, p.PutUnique: put_unique,
 }
 
 # Refused on a replica (READ_ONLY): they change the queue or need a record.
 MUTATING = frozenset({
     p.Put, p.Reserve, p.ReserveJob, p.Delete, p.Release, p.Bury, p.Touch, p.Kick,
-    p.KickJob, p.PauseTube, p.Watch, p.Ignore, p.DeleteTube, p.FlushTube,
+    p.KickJob, p.PauseTube, p.Watch, p.Ignore, p.DeleteTube, p.FlushTube, p.PutUnique,
 })
 
 # The admin commands: with --admin-token-file they need `auth` first; without

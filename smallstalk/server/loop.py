@@ -303,6 +303,11 @@ class MutationLoop:
         """The replica fed on `s`'s connection has `seq` on disk."""
         self.commit.replica_acked(s, seq)
 
+    def replicated(self, seq: int) -> bool:
+        """Whether record `seq` is as replicated as --min-replica-acks asks (a
+        repeated keyed put may confirm its job only then: dispatch.put_unique)."""
+        return not self.commit.min_replica_acks or seq <= self.commit.acked_seq()
+
     # --- what handlers call -----------------------------------------------------
 
     def take_job_id(self) -> int:
@@ -548,7 +553,7 @@ class MutationLoop:
                 self._run(s)
         timers.run(self)
         # Grants made possible by this turn's commands (a put for a waiter).
-        if not self.read_only and not c.failed_until:
+        if self.state.waiting_n and not self.read_only and not c.failed_until:
             try:
                 self.grant_waiters()
             except Unavailable:

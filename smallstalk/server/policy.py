@@ -42,6 +42,9 @@ class TubePolicy:
     expire_to: str = ""  # tube that expired jobs move to; "" = delete them
     fanout_only: bool = False  # a parent that only feeds its `parent+child` tubes
     max_memory: int = 0  # body bytes this tube keeps in memory; 0 = server budget only
+    unique: str = ""  # "body": every put is deduplicated by its body's digest
+    unique_for: int = 3600  # seconds a key outlives its job (core/keys.py)
+    unique_keys_max: int = 100_000  # keys of gone jobs a tube retains at most
     # Attempt limits and back-off (server/holdback.py decides, Requeue records carry it).
     max_reserves: int = 0  # a job reserved this often is not made ready again; 0 = no limit
     max_timeouts: int = 0  # ...nor one whose TTR ran out this often
@@ -54,13 +57,16 @@ class TubePolicy:
     max_rate: tuple[int, int] = (0, 0)  # (reserves, per seconds); (0, 0) = no limit
     # No limit, expiry or fanout-only: a put needs no decision (the hot path).
     plain: bool = attrs.field(init=False, eq=False, repr=False)
+    # No limit, expiry or fanout-only, whatever `unique`: a put-unique's hot path.
+    unlimited: bool = attrs.field(init=False, eq=False, repr=False)
     # An attempt limit or a back-off: a reservation's end needs a decision.
     holds_back: bool = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "plain", not (
+        object.__setattr__(self, "unlimited", not (
             self.max_jobs or self.max_bytes or self.max_job_size or self.max_age
             or self.fanout_only))
+        object.__setattr__(self, "plain", self.unlimited and not self.unique)
         object.__setattr__(self, "holds_back", bool(
             self.max_reserves or self.max_timeouts or self.timeout_backoff[0]
             or self.release_backoff[0]))
@@ -96,6 +102,9 @@ TUBE_KEYS: dict[str, tuple[str, str]] = {
     "expire-to": ("expire_to", "tube"),
     "fanout-only": ("fanout_only", "bool"),
     "max-memory": ("max_memory", "size"),
+    "unique": ("unique", "unique"),
+    "unique-for": ("unique_for", "duration"),
+    "unique-keys-max": ("unique_keys_max", "count"),
     "max-reserves": ("max_reserves", "count"),
     "max-timeouts": ("max_timeouts", "count"),
     "on-exhausted": ("on_exhausted", "exhausted"),
@@ -105,6 +114,7 @@ TUBE_KEYS: dict[str, tuple[str, str]] = {
     "max-reserved": ("max_reserved", "count"),
     "max-rate": ("max_rate", "rate"),
 }
+UNIQUE_MODES = ("", "body")
 _PER = {"s": 1, "m": 60, "h": 3600}
 _PER_NAME = {v: k for k, v in _PER.items()}
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
@@ -183,6 +193,10 @@ def _value(kind: str, value: object, where: str) -> object:
     if kind == "bool":
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if kind == "unique":
+        if value not in UNIQUE_MODES:
+            raise ConfigError(f'{where}: expected "body" (or "" for none), got {value!r}')
         return value
     if kind == "exhausted":
         if value not in ("bury", "dead-letter"):

@@ -108,13 +108,18 @@ class Delivery(NamedTuple):
 
 def deliver(d: Delivery) -> None:
     """Hand one turn's replies of a session to its connection."""
-    s = d.session
-    blob = b"".join(d.out)
+    deliver_replies(d.session, d.out, d.done, d.closing)
+
+
+def deliver_replies(s: Session, out: list[bytes], done: bool, closing: bool) -> None:
+    """`deliver` without the Delivery: what a turn whose replies wait for
+    nothing (no fsync, no replica) sends each session."""
+    blob = b"".join(out)
     # Taken off before the connection sees it (which adds back what the socket
     # did not take): its check for room to read again must see the true count,
     # or a paused connection whose last reply was big stayed paused for good.
     sent(s, len(blob))
-    s.deliver(blob, d.done, d.closing)
+    s.deliver(blob, done, closing)
 
 
 def recount(s: Session, before: list[bytes], after: list[bytes]) -> None:

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from smallstalk import __version__
 from smallstalk.core.state import NS, State
-from smallstalk.core.stats import tube_stats_ext
+from smallstalk.core.stats import tube_key_stats, tube_stats_ext
 from smallstalk.server import holdback
 from smallstalk.server.session import OUT_BOUND, Session
 from smallstalk.storage.journal import Journal
@@ -60,6 +60,8 @@ def tube_stats_extended(lp: Observed, name: str) -> list[tuple[str, object]]:
     return tube_stats_ext(t) + [
         ("puts-refused", counters.get("puts-refused", 0)),
         ("fanout-tubes", len(st.fanout.get(name, ()))),
+        ("puts-deduplicated", counters.get("puts-deduplicated", 0)),
+    ] + tube_key_stats(st.keys, name) + [
         ("max-reserved", lim.max_reserved if lim is not None else 0),
         ("max-rate", lim.rate if lim is not None else 0),
         ("max-rate-period", lim.period // NS if lim is not None else 0),

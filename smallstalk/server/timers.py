@@ -55,7 +55,8 @@ class Loop(Protocol):
 def run(lp: Loop) -> None:
     """Everything that happens because time passed, as records."""
     c = lp.commit
-    c.expire_unacked()
+    if c.awaiting_acks:  # replies held for replicas (most turns: none)
+        c.expire_unacked()
     if lp.deferred:
         _answer_deferred_due(lp)
     if lp.read_only or (c.failed_until and trio.current_time() < c.failed_until):

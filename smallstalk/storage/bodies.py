@@ -46,7 +46,7 @@ READAHEAD = 1 << 20  # bytes advised ahead of each read
 COMPACTOR_BUDGET = 32 << 20  # the compactor child's own budget when the server has one
 _M32 = (1 << 32) - 1
 _M40 = (1 << 40) - 1
-PUTS = (r.Put, r.PutJobs)
+PUTS = r.PUT_TYPES
 
 
 class BodyError(Exception):

@@ -64,8 +64,26 @@ def dump(state: State) -> Iterator[list]:
     for name in state.tube_order:
         for j in state.tubes[name].buried.values():
             yield _job_item(state, j)
+    yield from _keys_items(state)
     for jid in sorted(state.holds):
         yield ["hold", jid, state.holds[jid]]
+
+
+KEYS_PER_ITEM = 1024  # live plus retained keys in one `keys` item (a frame stays small)
+
+
+def _keys_items(state: State) -> Iterator[list]:
+    """Format 5: each tube's idempotency keys, after the jobs they name."""
+    for tube, k in state.keys.tubes.items():
+        live = [[key, jid] for key, jid in k.live.items()]
+        gone = [[key, jid, until] for key, (jid, until) in k.gone.items()]
+        rows = [*live, *gone]
+        for i in range(0, max(len(rows), 1), KEYS_PER_ITEM):
+            part = rows[i:i + KEYS_PER_ITEM]
+            part_live = [x for x in part if len(x) == 2]
+            part_gone = [x for x in part if len(x) == 3]
+            yield ["keys", tube, k.window, k.keys_max, k.dropped_n, part_live, part_gone]
+
 
 def _job_item(state: State, j: Job) -> list:
     return ["job", j.id, j.tube.name, j.pri, j.delay, j.ttr, j.body, j.state, j.created,
@@ -243,6 +261,9 @@ def load(items: Iterable[list]) -> State:
             if s.epochs and item[1] <= s.epochs[-1][0]:
                 raise StateError(f"epoch {item[1]} does not follow {s.epochs[-1][0]}")
             s.epochs.append((item[1], item[2], item[3]))
+        elif kind == "keys":
+            _, tube, window, keys_max, dropped_n, live, gone = item
+            s.keys.restore(tube, window, keys_max, dropped_n, live, gone)
         elif kind == "meta":
             (_, s.last_seq, s.time, s.next_job_id, s.next_conn_id, s.total_jobs,
              s.job_timeouts) = item

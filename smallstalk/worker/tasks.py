@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import inspect
 import os
 import ssl
@@ -14,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import cbor2
 import trio
 
 from smallstalk.client import DEFAULT_PRIORITY, DEFAULT_TTR, AsyncClient, Client, JobRef
@@ -46,7 +48,7 @@ class Task:
 
     def __init__(self, app: App, fn: Callable[..., Any], *, name: str, tube: str,
                  priority: int, delay: int, ttr: int, retries: int, backoff: float,
-                 max_backoff: float) -> None:
+                 max_backoff: float, unique: bool | Callable[..., str] = False) -> None:
         if ttr < 1 or retries < 0 or backoff < 0 or delay < 0 or max_backoff < 0:
             raise ValueError("ttr must be at least 1; retries, delay and backoff not negative")
         self.app = app
@@ -59,6 +61,10 @@ class Task:
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
+        # ndkale-style unique tasks: every publish carries an idempotency key,
+        # derived from the arguments (True) or made by `unique(*args, **kwargs)`.
+        self.unique = unique
+        self.key: str | None = None  # one publish's own key (`options(key=...)`)
         self.is_async = inspect.iscoroutinefunction(fn)
         functools.update_wrapper(self, fn)
 
@@ -69,28 +75,47 @@ class Task:
         return f"<Task {self.name} tube={self.tube}>"
 
     def options(self, *, priority: int | None = None, delay: int | None = None,
-                ttr: int | None = None, tube: str | None = None) -> Task:
-        """This task with other defaults, for one publish: `t.options(delay=60).publish(x)`."""
+                ttr: int | None = None, tube: str | None = None,
+                key: str | None = None) -> Task:
+        """This task with other defaults, for one publish: `t.options(delay=60).publish(x)`;
+        `key` makes that publish exactly-once (`put-unique`, docs/CLIENT.md)."""
         other = copy.copy(self)
-        for key, value in (("priority", priority), ("delay", delay), ("ttr", ttr),
-                           ("tube", tube)):
+        for name, value in (("priority", priority), ("delay", delay), ("ttr", ttr),
+                            ("tube", tube), ("key", key)):
             if value is not None:
-                setattr(other, key, value)
+                setattr(other, name, value)
         return other
+
+    def key_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+        """The idempotency key of a publish with these arguments (None: a plain put).
+
+        `unique=True` derives it from the task's name and its arguments (a
+        digest of their canonical CBOR), so publishing the same call twice
+        makes one job while it exists (and for the tube's `unique-for` after).
+        """
+        if self.key is not None:
+            return self.key
+        if callable(self.unique):
+            return self.unique(*args, **kwargs)
+        if self.unique:
+            call = cbor2.dumps([self.name, list(args), dict(kwargs)], canonical=True)
+            return "task." + hashlib.blake2b(call, digest_size=16).hexdigest()
+        return None
 
     def encode(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
         return encode_call(self.name, args, kwargs)
 
     def publish(self, *args: Any, **kwargs: Any) -> JobRef:
-        """Put a job that runs this task with these arguments (CBOR-serializable)."""
+        """Put a job that runs this task with these arguments (CBOR-serializable);
+        a unique task (or `options(key=...)`) puts it exactly once."""
         return self.app.client().put(self.encode(args, kwargs), self.priority, self.delay,
-                                     self.ttr, tube=self.tube)
+                                     self.ttr, tube=self.tube, key=self.key_for(args, kwargs))
 
     async def apublish(self, *args: Any, **kwargs: Any) -> JobRef:
         """`publish` for trio code."""
         client = self.app.async_client()
         return await client.put(self.encode(args, kwargs), self.priority, self.delay,
-                                self.ttr, tube=self.tube)
+                                self.ttr, tube=self.tube, key=self.key_for(args, kwargs))
 
 
 class App:
@@ -122,18 +147,20 @@ class App:
     def task(self, fn: Callable[..., Any] | None = None, *, name: str | None = None,
              tube: str = "default", priority: int = DEFAULT_PRIORITY, delay: int = 0,
              ttr: int = DEFAULT_TTR, retries: int = 3, backoff: float = 1.0,
-             max_backoff: float = 3600.0) -> Any:
+             max_backoff: float = 3600.0, unique: bool | Callable[..., str] = False) -> Any:
         """Register a function as a task: `@app.task` or `@app.task(tube=..., ...)`.
 
         `ttr` is the time limit in seconds (and the job's TTR); `retries` how
         many times a failure is retried (so retries + 1 runs at most);
-        `backoff` the delay before the first retry, doubled each time.
+        `backoff` the delay before the first retry, doubled each time;
+        `unique` publishes it exactly once per key: True derives the key from
+        the arguments, a function `(*args, **kwargs) -> str` makes it.
         """
 
         def register(f: Callable[..., Any]) -> Task:
             t = Task(self, f, name=name or _default_name(f), tube=tube, priority=priority,
                      delay=delay, ttr=ttr, retries=retries, backoff=backoff,
-                     max_backoff=max_backoff)
+                     max_backoff=max_backoff, unique=unique)
             if t.name in self.tasks:
                 raise ValueError(f"a task named {t.name!r} is already registered")
             self.tasks[t.name] = t

@@ -1,8 +1,8 @@
 """The benchmark harness (bench/run.py) runs end to end in its tiny mode.
 
-Not a performance test: no number is judged, only that both servers were
-driven in every durability mode and the table, JSON and markdown came out
-well formed.
+Not a performance test: no number is judged, only that both servers and the
+floor (bench/floor.py) were driven in every durability mode, the open-loop
+section paced all three, and the table, JSON and markdown came out well formed.
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ def test_bench_tiny_mode_produces_table_and_json(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "run.py"), "--tiny", "--out", str(out),
          "--tmp", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO, capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
 
     # The printed table names both servers, their ratio and every section.
     text = proc.stdout
-    for needle in ("ops/s ss", "ops/s bs", "ratio", "no persistence", "--fsync never",
-                   "--fsync always", "Memory: RSS", "Restart with", "Targets"):
+    for needle in ("ops/s ss", "ops/s bs", "ratio", "ss/floor", "bs/floor", "no persistence",
+                   "--fsync never", "--fsync always", "The floor", "Open loop", "Memory: RSS",
+                   "Restart with", "import trio", "Targets"):
         assert needle in text, needle
 
     results = json.loads((out / "latest-tiny.json").read_text())
@@ -50,6 +51,27 @@ def test_bench_tiny_mode_produces_table_and_json(tmp_path: Path) -> None:
             assert r["server_cpu_us_per_op"] is not None, where
             assert r["lat_p50_us"] is not None and r["lat_p99_us"] >= r["lat_p50_us"], where
         assert set(p["ratio"]) >= {"ops_per_sec", "server_cpu_us_per_op"}
+        # Each row is measured against the floor's puts at its connections.
+        assert p["floor"] in results["floor"], p["floor"]
+        assert all(v is not None and v > 0 for v in p["vs_floor"].values()), p["vs_floor"]
+
+    # The floor answered every put it was sent, saturated.
+    assert set(results["floor"]) == {"put/2", "put-pipe/1", "put-pipe/2"}
+    for point, r in results["floor"].items():
+        assert "error" not in r and r["ops"] > 0 and r["errors"] == 0, point
+        assert r["server_cpu_us_per_op"] > 0, point
+
+    # Open loop: the same offered load to all three, paced, and what each got.
+    (row,) = results["open_loop"]
+    assert (row["workload"], row["conns"]) == ("put", 2)
+    assert row["offered_cmds_per_sec"] > 0
+    for kind, r in [*row["servers"].items(), ("floor", row["floor_result"])]:
+        assert "error" not in r, f"open loop {kind}: {r['error']}"
+        assert abs(r["offered_cmds_per_sec"] - row["offered_cmds_per_sec"]) <= 1, kind
+        # Paced: never more than offered (a little slack for the phases' start).
+        assert 0 < r["cmds_per_sec"] <= 1.05 * r["offered_cmds_per_sec"], kind
+        assert r["server_cpu_us_per_op"] > 0, kind
+    assert all(v is not None for v in row["vs_floor"].values())
 
     for section, key in (("rss", "bytes_per_job"), ("startup", "ready_s")):
         servers = results[section]["servers"]
@@ -58,7 +80,10 @@ def test_bench_tiny_mode_produces_table_and_json(tmp_path: Path) -> None:
             assert "error" not in r, f"{section} {kind}: {r['error']}"
             assert isinstance(r[key], int | float), f"{section} {kind}"
         assert results[section]["ratio"] is not None
+    assert results["spawn"]["import_trio"]["median_ms"] > 0
     assert results["targets"] and all("ratio" in t for t in results["targets"])
+    assert any(t["target"].startswith("spawn") and t["beyond_trio_ms"] is not None
+               for t in results["targets"])
 
     md = (out / "latest-tiny.md").read_text()
-    assert "| mode | workload | conns |" in md and "|---" in md
+    assert "| mode | workload | conns |" in md and "|---" in md and "ss/floor" in md

@@ -426,7 +426,15 @@ def test_several_servers_survive_a_dead_or_draining_one(kind: str, shared, tube:
     async def scenario(c: Any) -> None:
         await aw(c.connect())
         dead.kill()
-        refs = [await aw(c.put(b"x", tube=tube)) for _ in range(6)]
+        refs, broken = [], 0
+        while len(refs) < 6:
+            try:
+                refs.append(await aw(c.put(b"x", tube=tube)))
+            except ConnectionFailed:
+                # The open connection to the dead server broke under a put: it may
+                # have been stored, so a put without a key is not sent twice.
+                broken += 1
+        assert broken <= 1
         assert {r.server for r in refs} == {live}
         for _ in refs:
             await aw(c.delete(await aw(c.reserve(timeout=0, tubes=[tube]))))

@@ -251,8 +251,19 @@ def test_config_dump_from_a_file(tmp_path: Path) -> None:
     assert tubes["orders"] == {
         "max-jobs": "10000", "max-bytes": str(512 << 20), "max-job-size": "65536",
         "discard-old-when-full": "true", "max-age": str(7 * 86400),
-        "expire-to": "orders-expired", "fanout-only": "false", "max-memory": "0"}
+        "expire-to": "orders-expired", "fanout-only": "false", "max-memory": "0",
+        "unique": "", "unique-for": "3600", "unique-keys-max": "100000"}
     assert tubes["orders+audit"]["max-memory"] == str(16 << 20)
+
+
+def test_unique_tube_keys(tmp_path: Path) -> None:
+    cfg = parse("--config", str(write(tmp_path, '[tubes.mail]\nunique = "body"\n'
+                                                 'unique-for = "10m"\nunique-keys-max = 7\n')))
+    pol = cfg.policies.of("mail")
+    assert (pol.unique, pol.unique_for, pol.unique_keys_max, pol.plain) == ("body", 600, 7, False)
+    assert cfg.policies.of("other").plain
+    code, out, err = run_dump("--config", str(write(tmp_path, '[tubes.mail]\nunique = "id"\n')))
+    assert code == 1 and "tubes.mail.unique" in err and '"body"' in err
 
 
 def test_config_dump_of_a_bad_file_names_the_key(tmp_path: Path) -> None:

@@ -171,7 +171,8 @@ ANNOTATIONS = {  # attrs annotation -> README types it may be documented as
     "tuple[tuple[int, str], ...]": {"(uint,text)[]"},
     "tuple[tuple[int, str, int], ...]": {"(uint,text,int)[]"},
 }
-UNITS = {"time": "ns", "deadline": "ns", "delay": "s", "ttr": "s", "expires": "ns"}
+UNITS = {"time": "ns", "deadline": "ns", "delay": "s", "ttr": "s", "expires": "ns",
+         "unique_for": "s"}
 
 
 def check_fields(cls: type, documented: list[tuple[str, str, str | None]]) -> None:
@@ -249,6 +250,12 @@ TYPE_CHECKS = {
     "(uint,text,int)[]": lambda v: isinstance(v, list) and all(
         isinstance(x, list) and len(x) == 3 and TYPE_CHECKS["uint"](x[0])
         and isinstance(x[1], str) and isinstance(x[2], int) for x in v),
+    "(text,uint)[]": lambda v: isinstance(v, list) and all(
+        isinstance(x, list) and len(x) == 2 and isinstance(x[0], str)
+        and TYPE_CHECKS["uint"](x[1]) for x in v),
+    "(text,uint,int)[]": lambda v: isinstance(v, list) and all(
+        isinstance(x, list) and len(x) == 3 and isinstance(x[0], str)
+        and TYPE_CHECKS["uint"](x[1]) and isinstance(x[2], int) for x in v),
 }
 
 
@@ -577,6 +584,26 @@ def check_items(fx: Fixture, items: list[dict[str, Any]], exp: dict[str, Any]) -
         assert j["reserver"] == fx.conn(want["reserved_by"])
         if "expires" in j:  # format 2 on
             assert j["expires"] == fx.expires(want), want["id"]
+    if fx.version >= 5:
+        assert keys_of_items(by_kind.get("keys", [])) == expected_keys(fx, exp)
+
+
+def keys_of_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`keys` items, a tube's several items merged, as expected.json writes keys."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        k = out.setdefault(item["tube"], {"tube": item["tube"], "live": [], "gone": []})
+        k.update(window=item["window"], keys_max=item["keys_max"], dropped_n=item["dropped_n"])
+        k["live"] += [list(x) for x in item["live"]]
+        k["gone"] += [list(x) for x in item["gone"]]
+    return list(out.values())
+
+
+def expected_keys(fx: Fixture, exp: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"tube": k["tube"], "live": k["live"],
+             "gone": [[key, jid, fx.at(until)] for key, jid, until in k["gone"]],
+             "window": k["window"] * 10**9, "keys_max": k["keys_max"],
+             "dropped_n": k["dropped_n"]} for k in exp.get("keys", [])]
 
 
 @pytest.mark.parametrize("vdir", PARAMS)
@@ -627,6 +654,11 @@ def check_state(fx: Fixture, state: st.State, exp: dict[str, Any]) -> None:
         assert j.reserver == fx.conn(want["reserved_by"])
         assert state.expires.get(j.id, 0) == fx.expires(want), want["id"]
     assert state.waiting_n == 0 and not state.waiters
+    got_keys = [{"tube": tube, "live": [[key, jid] for key, jid in k.live.items()],
+                 "gone": [[key, jid, until] for key, (jid, until) in k.gone.items()],
+                 "window": k.window, "keys_max": k.keys_max, "dropped_n": k.dropped_n}
+                for tube, k in state.keys.tubes.items()]
+    assert got_keys == expected_keys(fx, exp)
 
 
 @pytest.mark.parametrize(("vdir", "name"), DIR_PARAMS)

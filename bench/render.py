@@ -1,0 +1,304 @@
+"""The tables of one run's results, as text or markdown (stdout, latest.md, --render)."""
+
+from __future__ import annotations
+
+MODE_LABELS = {
+    "memory": "no persistence (no --data-dir / no -b)",
+    "never": "smallstalk --data-dir --fsync never  vs  beanstalkd -b DIR -F",
+    "always": "smallstalk --data-dir --fsync always  vs  beanstalkd -b DIR -f 0",
+}
+WORKLOAD_LABELS = {
+    "put": "put",
+    "rd": "reserve+delete",
+    "cycle": "put+reserve+delete",
+    "put-pipe": "put, 100/send",
+    "rd-pipe": "reserve+delete, 100/send",
+    "put-unique": "put-unique, a new key each",
+}
+
+
+def _rounds_note(rounds: int) -> str:
+    return f" in {rounds} alternating rounds" if rounds > 1 else ""
+
+
+def fmt_pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def disk_note(r: dict) -> str:
+    v = r.get("disk_fsync_per_sec")
+    return f", disk {v:.0f} fsync/s" if v else ""
+
+
+
+def fmt_num(x, nd=0, suffix=""):
+    if x is None:
+        return "-"
+    return f"{x:,.{nd}f}{suffix}"
+
+
+def fmt_rate(x):
+    if x is None:
+        return "-"
+    return f"{x / 1000:.1f}k" if x >= 10_000 else f"{x:,.0f}"
+
+
+def fmt_us(x):
+    if x is None:
+        return "-"
+    if x >= 10_000:
+        return f"{x / 1000:.0f}ms"
+    if x >= 1000:
+        return f"{x / 1000:.1f}ms"
+    return f"{x:.0f}µs"
+
+
+def fmt_ratio(x):
+    return "-" if x is None else f"{x:.2f}x"
+
+
+
+def table(headers: list[str], rows: list[list[str]], markdown: bool, right=None) -> str:
+    right = right or set()
+    if markdown:
+        lines = ["| " + " | ".join(headers) + " |",
+                 "|" + "|".join("---:" if i in right else "---" for i in range(len(headers)))
+                 + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        return "\n".join(lines)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+
+    def fmt(cells):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
+    return "\n".join([fmt(headers), "  ".join("-" * w for w in widths)]
+                     + [fmt(r) for r in rows])
+
+
+def render(results: dict, markdown: bool) -> str:
+    meta = results["meta"]
+    ss, bs = "smallstalk", "beanstalkd"
+    parts = []
+    h = "### " if markdown else "== "
+    parts.append(f"{h}smallstalk vs beanstalkd and the floor ({meta['preset']} run, "
+                 f"{meta['timestamp']})")
+    parts.append(
+        f"{meta['nproc']} cores, {meta['duration']} s per point and server"
+        f"{_rounds_note(meta.get('rounds', 1))}"
+        ", load generator "
+        f"{meta['procs']} processes, 100-byte bodies; git {meta['git']['commit'][:10]}"
+        f"{' (dirty)' if meta['git']['dirty'] else ''}, smallstalk/ sha256 "
+        f"{meta['git']['smallstalk_src_sha256'][:8]}; load average "
+        f"{meta['loadavg_range'][0]:.1f}-{meta['loadavg_range'][1]:.1f} during the run. "
+        "ratio = smallstalk / beanstalkd (ops/s: higher is better for smallstalk; "
+        "µs/op and latency: lower is). Latency is per command in request/response rows, "
+        "per 100-command batch in pipelined rows. An op is a put, a job reserved and "
+        "deleted, or a job put, reserved and deleted. ss/floor and bs/floor = the "
+        "server's CPU per command (an op is 1, 2 or 3 commands) over the floor's CPU "
+        "per put at the same connections in this run (bench/floor.py: smallstalk's I/O "
+        "shape, no state): the broker's own work.")
+    headers = ["mode", "workload", "conns", "ops/s ss", "ops/s bs", "ratio", "µs/op ss",
+               "µs/op bs", "ratio", "ss/floor", "bs/floor", "p50 ss", "p50 bs", "p99 ss",
+               "p99 bs"]
+    right = set(range(2, len(headers)))
+    by_mode: dict[str, list] = {}
+    for row in results["points"]:
+        by_mode.setdefault(row["mode"], []).append(row)
+    for mode, rows in by_mode.items():
+        cells = []
+        for row in rows:
+            a, b = row["servers"].get(ss, {}), row["servers"].get(bs, {})
+            cells.append([
+                mode, WORKLOAD_LABELS.get(row["workload"], row["workload"]), str(row["conns"]),
+                _cell_rate(a), _cell_rate(b), fmt_ratio(row["ratio"]["ops_per_sec"]),
+                _cell(a, "server_cpu_us_per_op", 1), _cell(b, "server_cpu_us_per_op", 1),
+                fmt_ratio(row["ratio"]["server_cpu_us_per_op"]),
+                *_floor_cells(row),
+                _cell_us(a, "lat_p50_us"), _cell_us(b, "lat_p50_us"),
+                _cell_us(a, "lat_p99_us"), _cell_us(b, "lat_p99_us"),
+            ])
+        parts.append(f"{h}{MODE_LABELS[mode]}" if markdown else f"-- {MODE_LABELS[mode]}")
+        probes = sorted(r["disk_fsync_per_sec"] for row in rows
+                        for r in row["servers"].values() if r.get("disk_fsync_per_sec"))
+        if probes:
+            parts.append(f"Disk: {probes[0]:,.0f} / {probes[len(probes) // 2]:,.0f} / "
+                         f"{probes[-1]:,.0f} (min / median / max) 4 KiB append+fsync per "
+                         "second, probed before each point.")
+        parts.append(table(headers, cells, markdown, right))
+
+    floors = results.get("floor") or {}
+    if floors:
+        cells = [[point, _cell_rate(r), _cell(r, "server_cpu_us_per_op", 2),
+                  _cell_us(r, "lat_p50_us"), _cell_us(r, "lat_p99_us"),
+                  fmt_num(r.get("client_cpu_pct"), 0)]
+                 for point, r in floors.items()]
+        title = "The floor (bench/floor.py), saturated: what the ss/floor column divides by"
+        parts.append(f"{h}{title}" if markdown else f"-- {title}")
+        parts.append(table(["workload/conns", "puts/s", "µs/put", "p50", "p99",
+                            "client cpu %"], cells, markdown, {1, 2, 3, 4, 5}))
+
+    opened = results.get("open_loop") or []
+    if opened:
+        cells = []
+        for row in opened:
+            a, b = row["servers"].get(ss, {}), row["servers"].get(bs, {})
+            f = row.get("floor_result") or {}
+            cpo = {"put": 1, "rd": 2, "cycle": 3}.get(row["workload"], 1)
+            cells.append([
+                WORKLOAD_LABELS.get(row["workload"], row["workload"]), str(row["conns"]),
+                fmt_rate(row["offered_cmds_per_sec"]),
+                *(fmt_rate(r.get("cmds_per_sec")) if "error" not in r else "ERR"
+                  for r in (a, b, f)),
+                *(_per_cmd(r, cpo) for r in (a, b)), _per_cmd(f, 1),
+                *_floor_cells(row),
+                _cell_us(a, "lat_p50_us"), _cell_us(b, "lat_p50_us"),
+            ])
+        title = ("Open loop, memory: equal offered load below saturation (each connection "
+                 f"paced by a timerfd; offered = {_share(meta)} of the slowest server's "
+                 "saturated rate at the point in this run); CPU µs per command")
+        parts.append(f"{h}{title}" if markdown else f"-- {title}")
+        parts.append(table(["workload", "conns", "offered cmd/s", "got ss", "got bs",
+                            "got floor", "µs/cmd ss", "µs/cmd bs", "µs/put floor", "ss/floor",
+                            "bs/floor", "p50 ss", "p50 bs"], cells, markdown,
+                           set(range(1, 13))))
+
+    rss = results["rss"]
+    if rss["servers"]:
+        cells = []
+        for kind in (ss, bs):
+            r = rss["servers"].get(kind)
+            if r is None:
+                continue
+            if "bytes_per_job" not in r:
+                cells.append([kind, "ERROR", r.get("error", "")[:60], "", "", ""])
+                continue
+            cells.append([kind, f"{r['rss_before_kb'] / 1024:.1f}",
+                          f"{r['rss_after_kb'] / 1024:.1f}", f"{r['bytes_per_job']:.0f}",
+                          f"{r['mib_per_million_jobs']:.0f}", fmt_rate(r["load_per_sec"])])
+        cells.append(["ratio", "", "", fmt_ratio(rss.get("ratio")), "", ""])
+        parts.append(f"{h}Memory: RSS for {rss['jobs']:,} jobs of 100 bytes (in memory)"
+                     if markdown else
+                     f"-- Memory: RSS for {rss['jobs']:,} jobs of 100 bytes (in memory)")
+        parts.append(table(["server", "RSS before MiB", "RSS after MiB", "bytes/job",
+                            "MiB per 1M jobs", "load puts/s"], cells, markdown,
+                           {1, 2, 3, 4, 5}))
+
+    st = results["startup"]
+    if st["servers"]:
+        cells = []
+        for kind in (ss, bs):
+            r = st["servers"].get(kind)
+            if r is None:
+                continue
+            if "ready_s" not in r:
+                cells.append([kind, "ERROR", r.get("error", "")[:60], "", "", ""])
+                continue
+            cells.append([kind, f"{r['port_s']:.2f}", f"{r['ready_s']:.2f}", f"{r['cpu_s']:.2f}",
+                          f"{r['disk_bytes'] / 2**20:.0f}",
+                          f"{r['rss_after_restart_kb'] / 1024:.0f}"])
+        cells.append(["ratio", "", fmt_ratio(st.get("ratio")), "", "", ""])
+        title = (f"Restart with {st['jobs']:,} jobs on disk (--fsync never / -F; "
+                 "from spawn until the port answers / `stats` shows every job)")
+        parts.append(f"{h}{title}" if markdown else f"-- {title}")
+        parts.append(table(["server", "port s", "all jobs s", "cpu s", "disk MiB",
+                            "RSS MiB"], cells, markdown, {1, 2, 3, 4, 5}))
+
+    ho = results.get("handoff") or {}
+    if ho.get("modes"):
+        cells = []
+        for mode, m in ho["modes"].items():
+            a, b = m["servers"].get(ss, {}), m["servers"].get(bs, {})
+            cells.append([mode] + [_cell(r, k, 0) for k in ("p50_us", "p99_us", "max_us")
+                                   for r in (a, b)]
+                         + [fmt_ratio(m["ratio"].get(k)) for k in ("p50_us", "p99_us")])
+        title = (f"Hand-off latency, µs ({ho['samples']:,} samples: a worker waits in "
+                 "`reserve`, another connection puts a job; until the worker holds it; "
+                 "always = --fsync always / -f 0)")
+        parts.append(f"{h}{title}" if markdown else f"-- {title}")
+        parts.append(table(["mode", "p50 ss", "p50 bs", "p99 ss", "p99 bs", "max ss",
+                            "max bs", "p50 ratio", "p99 ratio"], cells, markdown,
+                           set(range(1, 9))))
+    sp = results.get("spawn") or {}
+    if sp.get("cases"):
+        cells = []
+        for case, c in sp["cases"].items():
+            a, b = c["servers"].get(ss, {}), c["servers"].get(bs, {})
+            cells.append([case] + [_cell(r, k, 1) for r in (a, b)
+                                   for k in ("median_ms", "max_ms", "cpu_median_ms")]
+                         + [fmt_ratio(c.get("ratio"))])
+        trio_ms = (sp.get("import_trio") or {}).get("median_ms")
+        title = (f"Spawn to first reply, ms (median / max of {sp['samples']} spawns: "
+                 "connect with retries, first `stats` answered; cpu = the server's CPU "
+                 "time by then, median"
+                 + (f"; `python -c 'import trio'` alone: {trio_ms:.0f} ms" if trio_ms else "")
+                 + ")")
+        parts.append(f"{h}{title}" if markdown else f"-- {title}")
+        parts.append(table(["case", "ss median", "ss max", "ss cpu", "bs median", "bs max",
+                            "bs cpu", "ratio"], cells, markdown, set(range(1, 8))))
+
+    rt = results.get("rate") or {}
+    if "accuracy" in rt:
+        title = (f"Rate-limited reserves (smallstalk; max-rate {rt['rate']}/s, {rt['conns']} "
+                 f"workers, {rt['seconds']:g} s; load {rt['loadavg']:.1f})")
+        parts.append(f"{h}{title}" if markdown else f"-- {title}")
+        parts.append(table(
+            ["steady /s", "accuracy", "past the bound", "µs/job limited", "µs/job unlimited",
+             "µs/job loose limit"],
+            [[fmt_num(rt["steady_per_sec"], 1), f"{rt['accuracy']:.4f}",
+              f"{rt['max_over_bound_jobs']:.2f}", fmt_num(rt["limited_cpu_us_per_job"], 1),
+              fmt_num(rt["unlimited_cpu_us_per_job"], 1),
+              fmt_num(rt["loose_limit_cpu_us_per_job"], 1)]],
+            markdown, set(range(6))))
+
+    cells = []
+    for t in results["targets"]:
+        def val(v, metric=t["metric"]):
+            if v is None:
+                return "-"
+            return fmt_rate(v) if metric == "ops_per_sec" else f"{v:,.2f}"
+
+        ratio = (fmt_ratio(t["ratio"]) if t.get("beyond_trio_ms") is None
+                 else f"+{t['beyond_trio_ms']:.0f} ms")
+        if t["metric"] == "vs_floor":
+            ratio = fmt_ratio(t["ratio"])
+        cells.append([t["target"], t["point"], val(t["smallstalk"]), val(t["beanstalkd"]),
+                      ratio, t["goal"],
+                      "-" if t["met"] is None else ("yes" if t["met"] else "NO")])
+    title = ("Targets (ratio smallstalk/beanstalkd; for \"vs floor\" the smallstalk and "
+             "beanstalkd columns are each server's ratio to the floor and the ratio is "
+             "smallstalk's; for spawn, ms beyond `import trio`)")
+    parts.append(f"{h}{title}" if markdown else f"-- {title}")
+    parts.append(table(["target", "point", "smallstalk", "beanstalkd", "ratio", "goal", "met"],
+                       cells, markdown, {2, 3, 4}))
+    return "\n\n".join(parts) + "\n"
+
+
+def _floor_cells(row: dict) -> list[str]:
+    vf = row.get("vs_floor") or {}
+    return [fmt_ratio(vf.get("smallstalk")), fmt_ratio(vf.get("beanstalkd"))]
+
+
+def _per_cmd(r: dict, commands: int) -> str:
+    us = r.get("server_cpu_us_per_op")
+    return "ERR" if "error" in r else fmt_num(None if us is None else us / commands, 2)
+
+
+def _share(meta: dict) -> str:
+    return f"{100 * meta.get('open_load_share', 0.5):.0f}%"
+
+
+def _cell(r, key, nd):
+    if "error" in r:
+        return "ERR"
+    return fmt_num(r.get(key), nd)
+
+
+def _cell_rate(r):
+    return "ERR" if "error" in r else fmt_rate(r.get("ops_per_sec"))
+
+
+def _cell_us(r, key):
+    return "ERR" if "error" in r else fmt_us(r.get(key))
+
