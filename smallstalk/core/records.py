@@ -24,8 +24,8 @@ import attrs
 import cbor2
 
 # 2: PutJobs, Expire, DeleteTube; snapshot items for big tubes. 3: `jobs` items. 4: FlushTube.
-# 5: PutUnique, `keys` snapshot items
-FORMAT_VERSION = 5
+# 5: PutUnique, `keys` snapshot items. 6: Requeue, Limits, Fire; `limit`, `schedule`, `hold`
+FORMAT_VERSION = 6
 
 
 @attrs.frozen(slots=True)
