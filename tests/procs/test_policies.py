@@ -42,8 +42,9 @@ def _config(tmp_path: Path, text: str = CONFIG) -> Path:
 
 
 def test_greenstalk_sees_attempt_limits_and_concurrency(tmp_path: Path) -> None:
-    server = start_smallstalk(tmp_path, "--config", str(_config(tmp_path)), "--extended-stats",
-                              data_dir=tmp_path / "data")
+    # In memory (the Node test below runs with a data directory): the limits
+    # reach the state without a journal too.
+    server = start_smallstalk(tmp_path, "--config", str(_config(tmp_path)), "--extended-stats")
     addr = ("127.0.0.1", server.port)
     try:
         with greenstalk.Client(addr, use="flaky", watch="flaky") as a, \
@@ -120,11 +121,7 @@ body = "tick"
 
 
 def _fires(data_dir: Path) -> list[dict]:
-    done = subprocess.run([*smallstalk_cmd(), "aof", "dump", str(data_dir),
-                           "--op", "fire", "--format", "jsonl"],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert done.returncode == 0, done.stderr
-    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    return _records(data_dir, "fire")
 
 
 def test_a_schedule_fires_once_per_period_across_kill_9(tmp_path: Path) -> None:
@@ -159,3 +156,42 @@ def test_a_schedule_fires_once_per_period_across_kill_9(tmp_path: Path) -> None:
     gaps = [b - a for a, b in zip(ats, ats[1:], strict=False)]
     assert sum(1 for g in gaps if g != 3 * 10**9) <= 1
     assert os.path.exists(data)
+
+
+def test_a_schedule_and_limits_carry_over_a_promotion(tmp_path: Path) -> None:
+    """A replica follows the primary's firings and limits through its records;
+    promoted after a kill -9 of the primary, it goes on from the last firing
+    the log holds, never firing a period twice."""
+    config = _config(tmp_path, SCHEDULE + '[tubes.narrow]\nmax-reserved = 2\n')
+    primary = start_smallstalk(tmp_path, "--config", str(config), data_dir=tmp_path / "p")
+    replica = start_smallstalk(tmp_path, "--config", str(config), "--replica-of",
+                               f"127.0.0.1:{primary.port}", data_dir=tmp_path / "r")
+    try:
+        with greenstalk.Client(("127.0.0.1", replica.port)) as c:
+            wait_for(lambda: "ticks" in c.tubes() and c.stats_tube("ticks")["total-jobs"] >= 2,
+                     30, "two firings on the replica")
+        primary.kill()
+        done = subprocess.run([*smallstalk_cmd(), "promote", f"127.0.0.1:{replica.port}"],
+                              capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert done.returncode == 0 and done.stdout.startswith("PROMOTED"), done
+        with greenstalk.Client(("127.0.0.1", replica.port), watch="ticks") as c:
+            before = c.stats_tube("ticks")["total-jobs"]
+            wait_for(lambda: c.stats_tube("ticks")["total-jobs"] >= before + 2, 30,
+                     "two firings after the promotion")
+    finally:
+        primary.kill()
+        replica.stop()
+    fires = _fires(tmp_path / "r")
+    ats = [f["at"] for f in fires]
+    assert ats == sorted(set(ats)), "a firing came twice"
+    assert len([f for f in fires if f["id"]]) >= 4
+    limits = _records(tmp_path / "r", "limits")  # the primary's, replicated
+    assert [(x["tube"], x["max_reserved"]) for x in limits] == [("narrow", 2)]
+
+
+def _records(data_dir: Path, op: str) -> list[dict]:
+    done = subprocess.run([*smallstalk_cmd(), "aof", "dump", str(data_dir), "--op", op,
+                           "--format", "jsonl"], capture_output=True, text=True, timeout=60,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
