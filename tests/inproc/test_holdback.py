@@ -11,6 +11,7 @@ from pathlib import Path
 
 import trio
 
+from smallstalk.console import views
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import NS
@@ -89,6 +90,8 @@ async def test_max_timeouts_buries_with_the_reason(nursery, tmp_path, autojump_c
     assert stat(info, "state") == "buried" and stat(info, "timeouts") == "2"
     assert stat(info, "held-back") == '"exhausted: TTR ran out 2 times (max-timeouts 2)"'
     assert await c.ask(b"reserve-with-timeout 0\r\n") == p.TIMED_OUT
+    page = await lp.call(views.job, lp, 1, 100)  # the console's job page
+    assert page["stats"]["held-back"] == "exhausted: TTR ran out 2 times (max-timeouts 2)"
     ext = await c.ask(b"ext-stats-tube work\r\n")
     assert stat(ext, "jobs-exhausted") == "1"
     (req,) = records_of(tmp_path, r.Requeue)
