@@ -9,17 +9,19 @@ DATA ?= data
 PORT ?= 11300
 HTTP_PORT ?= 11380
 
-.PHONY: run test test-fast lint bench fixtures clean system-packages fuse-packages mutation
+.PHONY: run test test-fast lint bench fixtures clean system-packages fuse-packages mutation \
+	dist wheelhouse
 
 # Debian packages the tests use: the real beanstalkd to compare with, Java for
-# Spark, Node for the JavaScript clients' own test suites, Chromium for the console (README: "What make
-# test installs"). The host is left as it was: while apt installs, a
+# Spark, Node for the JavaScript clients' own test suites, Chromium for the
+# console, podman, runc and mmdebstrap for the container image (README: "What
+# make test installs"). The host is left as it was: while apt installs, a
 # policy-rc.d forbids starting services, so Debian's beanstalkd.service and
 # beanstalkd.socket (127.0.0.1:11300, `make run`'s address) do not start;
 # under systemd they are also disabled. Only packages that were missing are
 # touched.
 # NEEDS picks the commands (`make bench` needs only beanstalkd).
-NEEDS ?= beanstalkd java npm chromium
+NEEDS ?= beanstalkd java npm chromium podman
 system-packages:
 	@missing=""; needs=" $(NEEDS) "; \
 	case "$$needs" in *" beanstalkd "*) \
@@ -30,6 +32,9 @@ system-packages:
 	  command -v npm >/dev/null || missing="$$missing nodejs npm";; esac; \
 	case "$$needs" in *" chromium "*) \
 	  command -v chromedriver >/dev/null || missing="$$missing chromium chromium-driver";; esac; \
+	case "$$needs" in *" podman "*) \
+	  for c in podman runc mmdebstrap; do \
+	    command -v $$c >/dev/null || missing="$$missing $$c"; done;; esac; \
 	[ -z "$$missing" ] && exit 0; \
 	policy=""; \
 	if [ ! -e /usr/sbin/policy-rc.d ]; then \
@@ -86,6 +91,27 @@ mutation: $(STAMP)
 	$(BIN)/pip install -q -e '.[test,mutation]'
 	$(BIN)/mutmut run $(MUTANTS)
 	$(BIN)/mutmut results
+
+# A release (docs/OPERATIONS.md, Releasing): the sdist and the wheel in dist/, and the
+# image IMAGE:VERSION (and IMAGE:latest) in podman's storage, VERSION being
+# smallstalk.__version__. The image installs the wheels of wheelhouse/, resolved
+# here: pip in the build reads no package index (apt still reads Debian's mirror).
+PODMAN ?= podman
+IMAGE ?= localhost/smallstalk
+# Build steps need few descriptors; some hosts refuse a container the host's limits.
+IMAGE_BUILD_FLAGS ?= --ulimit nofile=1024:1024 --ulimit nproc=1000:1000
+wheelhouse: $(STAMP)
+	$(BIN)/pip wheel -q --wheel-dir wheelhouse '.[console]' 'setuptools>=77'
+	rm -f wheelhouse/smallstalk-*.whl  # the image builds its own from the sources
+
+dist: $(STAMP) wheelhouse
+	@version=$$($(BIN)/python -c 'import smallstalk; print(smallstalk.__version__)'); \
+	set -e; rm -rf dist; \
+	$(BIN)/python -m build --outdir dist .; \
+	ls dist/smallstalk-$$version.tar.gz dist/smallstalk-$$version-py3-none-any.whl; \
+	$(PODMAN) build --format docker $(IMAGE_BUILD_FLAGS) -t $(IMAGE):$$version \
+	  -t $(IMAGE):latest -f Containerfile .; \
+	echo "dist/: sdist and wheel $$version; image $(IMAGE):$$version"
 
 lint: $(STAMP)
 	$(BIN)/ruff check smallstalk tests

@@ -14,8 +14,9 @@ code keys jobs by (server, id).
 Planning (on the driver side) lists the files only. Reading is parallel:
 consecutive segments of one server are grouped into input partitions of about
 `partitionBytes` bytes, and each task decodes its files with the project's
-own readers (`aof.iter_segment`, which uses `records.decode`, and
-`snapshot.read_items`), so there is one definition of the format. Columns are
+own readers (`logread.LogReader`, start-up's reader of the log's rules, a
+file at a time, and `snapshot.read_items`), so there is one definition of the
+format and of damage. Columns are
 filled by field name from `records.FIELDS`, and rows leave the task as Arrow
 record batches.
 
@@ -26,9 +27,9 @@ alive before the oldest segment. Bodies are not loaded into the DataFrame
 unless `bodies` is "true" (`body_size` is always there).
 
 Options: `bodies` (false), `snapshots` (true: include the newest snapshot's
-jobs), `damaged` ("fail": a bad frame anywhere but in a server's last
-segment, or a bad snapshot, fails the read, as recovery would; "skip": keep
-the records before it, skip the snapshot), `partitionBytes` (33554432),
+jobs), `damaged` ("fail": damage anywhere but a torn tail of a server's
+last segment, or a bad snapshot, fails the read, as recovery would; "skip":
+keep the records before it, skip the snapshot), `partitionBytes` (33554432),
 `batchRows` (65536), `serverNames`.
 Paths may be local paths or URIs that `pyarrow.fs.FileSystem.from_uri`
 understands (s3://, gs://, hdfs://, file://); globs (`*`, `?`, `[...]`) are
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import io
 import json
 import os
 import tempfile
@@ -62,7 +64,7 @@ except ImportError:  # planning and reading need pyarrow only; the data source c
 
 from smallstalk.core import records
 from smallstalk.core.model import STATE_NAMES
-from smallstalk.storage import aof, datadir, snapshot
+from smallstalk.storage import aof, datadir, logread, snapshot
 
 NAME = "smallstalk"
 
@@ -358,22 +360,15 @@ def read_segments(part: FilesPartition, bodies: bool = False, damaged: str = "fa
     """Decode a partition's segments into record batches."""
     out = Batcher(part.server, bodies, rows)
     for first, path, is_last in part.files:
-        data = read_bytes(path)
-        if len(data) < aof.HEADER_SIZE and is_last:
-            continue  # created, header never written: no records (recovery does the same)
-        try:
-            for entry in aof.iter_segment(Path(path), data):
-                if isinstance(entry, aof.FrameScan):
-                    if not entry.clean and not is_last and damaged != "skip":
-                        raise aof.CorruptionError(Path(path), entry.end, None,
-                                                  f"{entry.why} (not the last segment)")
-                    break  # the last segment: a torn tail, or still being written
-                offset, rec = entry
+        # Each file on its own: seqs are not checked across files (a server's
+        # lost segments are what the `servers` table's `missing` column counts).
+        # Only the server's last segment may end torn (or still being written).
+        reader = logread.LogReader([Path(path)], None, keep_going=damaged == "skip",
+                                   files=[io.BytesIO(read_bytes(path))], torn_tail=is_last)
+        for _path, _data, offsets, recs in reader.batches():
+            for offset, rec in zip(offsets, recs, strict=True):
                 if out.add_record(rec, first, offset):
                     yield out.batch()
-        except aof.CorruptionError:
-            if damaged != "skip":
-                raise
     if out.n:
         yield out.batch()
 

@@ -484,7 +484,9 @@ class Parser:
                         out.append(Put(pri, delay, ttr, bytes(buf[stop:stop + size])))
                         pos = stop + size + 2
                         continue
-                m = put_line(buf, pos)
+                # `put-unique` (a '-' after "put"): its key differs line to line,
+                # so the last line never matches; its own regex, not the put's.
+                m = None if n - pos > 3 and buf[pos + 3] == 0x2D else put_line(buf, pos)
                 if m is not None:
                     stop = m.end()
                     pri, delay, ttr, size = map(int, m.groups())

@@ -443,6 +443,15 @@ def encode_put(seq: int, time: int, conn: int, id: int, tube: str, pri: int, del
     return cbor2.dumps([Put.CODE, seq, time, conn, id, tube, pri, delay, ttr, body])
 
 
+def encode_put_unique(seq: int, time: int, conn: int, tube: str, key: str, unique_for: int,
+                      keys_max: int, id: int, pri: int, delay: int, ttr: int,
+                      body: bytes) -> bytes:
+    """`encode(PutUnique(...))` of the everyday keyed put (one job, in the tube
+    put into, nothing dropped, no expiry) without making the record."""
+    return cbor2.dumps([PutUnique.CODE, seq, time, conn, tube, key, unique_for, keys_max,
+                        [[id, tube]], pri, delay, ttr, 0, [], body])
+
+
 def from_list(items: list) -> Record:
     try:
         cls = BY_CODE[items[0]]

@@ -191,6 +191,17 @@ class State(Moves, Queries):
         for jid, tube in rec.jobs:
             self._new_job(jid, tube, rec, rec.body, rec.expires)
 
+    def apply_put_unique(self, seq: int, time: int, conn: int, tube: str, key: str,
+                         unique_for: int, keys_max: int, id: int, pri: int, delay: int,
+                         ttr: int, body: bytes) -> None:
+        """`apply(PutUnique(...))` of the everyday keyed put (one job in `tube`,
+        nothing dropped, no expiry), with the same effect, without the record."""
+        keys = self.keys
+        if keys.find(tube, key, time) is not None:
+            raise StateError(f"key {key!r} of tube {tube!r} is taken: the put was a duplicate")
+        self.apply_put(seq, time, conn, id, tube, pri, delay, ttr, body)
+        keys.add(tube, key, id, unique_for * NS, keys_max, time, seq)
+
     def _put_unique(self, rec: r.PutUnique) -> None:
         if not rec.jobs:
             raise StateError("a keyed put made no job")

@@ -1,5 +1,6 @@
 """`smallstalk aof ls`: a data directory's snapshots and segments, with their sequence and
-time ranges, record counts and sizes. Read-only (storage/history.py reads)."""
+time ranges, record counts and sizes. Read-only (storage/history.py lists and opens the
+files, storage/logread.py reads the segments)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import attrs
 
 from smallstalk.ops.command import EXIT_OK, parser, run
 from smallstalk.ops.text import Clock, Out, fmt_size, jsonl, plural, table
-from smallstalk.storage import history
+from smallstalk.storage import history, logread
 from smallstalk.storage.aof import CorruptionError
 
 
@@ -43,23 +44,22 @@ class SegmentSummary:
 def summarize_segment(path: Path, first: int, size: int, last: bool,
                       progress: Callable[[int], None] | None = None,
                       file: IO[bytes] | None = None) -> SegmentSummary:
-    reader = history.SegmentReader(path, file, last=last)
-    s = SegmentSummary(path, first, size, last=last)
-    try:
-        for n, (offset, _rec) in enumerate(reader, 1):
-            if progress is not None and n & 0xFFF == 0:
-                progress(offset)
-    except CorruptionError as e:
+    """One segment as the log's reader finds it on its own (its seqs are not
+    checked against its neighbours'); `last`: it may end torn."""
+    reader = logread.LogReader([path], None, keep_going=True, files=[file],
+                               torn_tail=last, stream=True, settle=history.TAIL_SETTLE)
+    for _path, _data, offsets, _recs in reader.batches():
+        if progress is not None:
+            progress(offsets[-1])
+    (read,) = reader.read
+    s = SegmentSummary(path, first, size, last=last, header_seq=read.header_seq,
+                       records=read.records, first_seq=read.first_seq, last_seq=read.last_seq,
+                       first_time=read.first_time, last_time=read.last_time, end=read.end)
+    if read.problems:
+        e = read.problems[0]
         s.status, s.why, s.end = "damaged", f"{e.why} at offset {e.offset}", e.offset
-    s.header_seq = reader.header_seq
-    s.records, s.first_seq, s.last_seq = reader.records, reader.first_seq, reader.last_seq
-    s.first_time, s.last_time = reader.first_time, reader.last_time
-    if s.status == "ok":
-        s.end = reader.end
-        if not reader.clean:
-            torn = last and reader.tail_is_torn()
-            s.status = "torn" if torn else "damaged"
-            s.why = f"{reader.why} at offset {reader.end}"
+    elif read.torn is not None:
+        s.status, s.why = "torn", f"{read.torn} at offset {read.end}"
     return s
 
 

@@ -1,5 +1,5 @@
 """`smallstalk aof verify`: check a data directory as start-up reads it, with start-up's
-reader (`recovery.LogReader`: checksums, sequence continuity, the torn tail), then replay
+reader (`logread.LogReader`: checksums, sequence continuity, the torn tail), then replay
 and agreement with the snapshot, without writing anything."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import attrs
 from smallstalk.core.state import BURIED, READY, State
 from smallstalk.ops.command import EXIT_ERROR, EXIT_OK, parser, run
 from smallstalk.ops.text import Out, fmt_size, plural, table
-from smallstalk.storage import history, recovery, snapshot_codec
+from smallstalk.storage import history, logread, snapshot_codec
 from smallstalk.storage.aof import CorruptionError
 from smallstalk.storage.history import load_snapshot
 
@@ -130,9 +130,9 @@ def _verify(od: history.OpenDir, rep: VerifyReport,
     elif newest is None:
         state = State()  # the log must start at seq 1: the reader names the gap
         base = "the empty state"
-    # The log's structure is start-up's reader's verdict (recovery.LogReader), damage
+    # The log's structure is start-up's reader's verdict (logread.LogReader), damage
     # collected instead of raised; replay and the snapshot comparison come on top.
-    reader = recovery.LogReader([seg.path for seg in lay.segments],
+    reader = logread.LogReader([seg.path for seg in lay.segments],
                                 newest.seq if newest is not None else 0,
                                 keep_going=True, files=files)
     replaying = state is not None
@@ -199,8 +199,7 @@ def _verify(od: history.OpenDir, rep: VerifyReport,
                 detail = f"{e.why} at offset {e.offset}"
         status = unapplied.get(seg.path, status)
         if read.torn is not None:
-            rep.warnings.append(history.torn_warning(read.path, read.size, read.end, read.torn,
-                                                     read.last_seq, read.header_seq))
+            rep.warnings.append(read.torn_warning())
             if read.header_seq is not None:
                 detail = f"torn tail: {fmt_size(read.size - read.end)} after offset {read.end}"
         if read.header_seq is not None and read.header_seq != seg.first:

@@ -57,6 +57,9 @@ class Loop(server_stats.Observed, Protocol):
     def log_put(self, conn: int, job_id: int, tube: str, pri: int, delay: int, ttr: int,
                 body: bytes) -> None: ...
 
+    def log_put_unique(self, conn: int, tube: str, key: str, unique_for: int, keys_max: int,
+                       job_id: int, pri: int, delay: int, ttr: int, body: bytes) -> None: ...
+
     def volatile(self, cls: type, *fields) -> None: ...
 
     def body_of(self, job) -> bytes: ...
@@ -154,8 +157,8 @@ def put_unique(lp: Loop, s: Session, cmd: p.PutUnique):
         held = st.keys.find(tube, cmd.key, lp.now)
         if held is None:
             job_id = lp.take_job_id()
-            lp.log(r.PutUnique, s.id, tube, cmd.key, pol.unique_for, pol.unique_keys_max,
-                   ((job_id, tube),), cmd.pri, cmd.delay, cmd.ttr, 0, (), cmd.body)
+            lp.log_put_unique(s.id, tube, cmd.key, pol.unique_for, pol.unique_keys_max,
+                              job_id, cmd.pri, cmd.delay, cmd.ttr, cmd.body)
             return p.inserted(job_id)
     return _put_with_policy(lp, s, cmd, tube, pol, children or [])
 

@@ -353,19 +353,45 @@ class MutationLoop:
             self._seq += 1
             self.state.apply_put(self._seq, self.now, conn, job_id, tube, pri, delay, ttr, body)
             return
-        store = self.bodies
-        c = self.commit
-        if j is None or self.read_only or c.failed_until or (store is not None and (
-                store.max_memory or self.policies.has_memory_budgets())):
-            # The record itself is needed: to spill its body after the commit,
-            # or for what `log` checks (no journal, a replica, a failing disk).
+        if self._put_needs_record():
             self.log(r.Put, conn, job_id, tube, pri, delay, ttr, body)
             return
         seq = j.take_seq()
         now = self.now
-        c.stage_put(r.encode_put(seq, now, conn, job_id, tube, pri, delay, ttr, body), seq,
-                    job_id)
+        self.commit.stage_put(r.encode_put(seq, now, conn, job_id, tube, pri, delay, ttr, body),
+                              seq, job_id)
         self.state.apply_put(seq, now, conn, job_id, tube, pri, delay, ttr, body)
+
+    def log_put_unique(self, conn: int, tube: str, key: str, unique_for: int, keys_max: int,
+                       job_id: int, pri: int, delay: int, ttr: int, body: bytes) -> None:
+        """`log(r.PutUnique, ...)` for the everyday keyed put (one job in the
+        tube put into, nothing dropped, no expiry), as `log_put` for a put."""
+        j = self.journal
+        if j is None and not self.read_only:
+            self._seq += 1
+            self.state.apply_put_unique(self._seq, self.now, conn, tube, key, unique_for,
+                                        keys_max, job_id, pri, delay, ttr, body)
+            return
+        if self._put_needs_record():
+            self.log(r.PutUnique, conn, tube, key, unique_for, keys_max, ((job_id, tube),),
+                     pri, delay, ttr, 0, (), body)
+            return
+        seq = j.take_seq()
+        now = self.now
+        self.commit.stage_put(r.encode_put_unique(seq, now, conn, tube, key, unique_for,
+                                                  keys_max, job_id, pri, delay, ttr, body),
+                              seq, job_id)
+        self.state.apply_put_unique(seq, now, conn, tube, key, unique_for, keys_max, job_id,
+                                    pri, delay, ttr, body)
+
+    def _put_needs_record(self) -> bool:
+        """Whether a put must go through `log` with its record object: to spill
+        its body after the commit, or for what `log` checks (no journal, a
+        replica, a failing disk)."""
+        store = self.bodies
+        return (self.journal is None or self.read_only is not None
+                or bool(self.commit.failed_until) or (store is not None and bool(
+                    store.max_memory or self.policies.has_memory_budgets())))
 
     def apply_replicated(self, records: list) -> None:
         """A replica's way in: the primary's records, with the primary's seqs."""

@@ -16,8 +16,9 @@ file and `sync()` makes it durable (group commit: journal.py decides when).
 `decode_frames` is the one frame decoder: every reader of segments,
 snapshots and the replication feed cuts frames with it (`frame_batches` over
 a file in memory, `file_frames` streaming an open file), and stops at the
-first frame that does not check out, reporting where. File names are
-datadir.py's.
+first frame that does not check out, reporting where. What the frames of a
+segment mean as records, and the log's rules, are logread.py's. File names
+are datadir.py's.
 """
 
 from __future__ import annotations
@@ -431,78 +432,3 @@ class SegmentWriter:
             pass
         finally:
             os.close(self.fd)
-
-
-def iter_segment(path: Path, data: bytes | None = None, put_lists: bool = False,
-                 ) -> Iterator[tuple[int, records.Record | list] | FrameScan]:
-    """Decoded records of one segment with their offsets, then the FrameScan.
-
-    `put_lists`: a format-1 Put comes as its list (`records.is_put_list`)
-    instead of a Put record, for a bulk replay that applies it from there.
-    """
-    for offsets, recs, scan in segment_batches(path, data, put_lists):
-        yield from zip(offsets, recs, strict=True)
-        if scan is not None:
-            yield scan
-
-
-def segment_batches(path: Path, data: bytes | None = None, put_lists: bool = False,
-                    ) -> Iterator[tuple[list[int], list, FrameScan | None]]:
-    """`iter_segment` a batch at a time: (offsets, records, FrameScan or None);
-    the FrameScan comes with the last batch. Damage (a record that does not
-    decode, or seqs that do not run on by one) raises after the good records
-    before it, as `iter_segment` would.
-
-    A replay steps through a list instead of a generator per record, and
-    cbor2 decodes a batch in one `map`: ~0.1 us a record.
-    """
-    if data is None:
-        data = path.read_bytes()
-    first = read_header(path, data, SEGMENT_MAGIC)
-    last = first - 1
-    decode_list = records.decode_list
-    loads = records.loads_unchecked
-    from_list = records.from_list
-    put_code, put_len = records.Put.CODE, records.PUT_LIST_LEN
-    for offsets, payloads, scan in frame_batches(data):
-        try:
-            decoded = list(map(loads, payloads))
-        except Exception:  # cbor2 raises several types for garbage
-            decoded = [None] * len(payloads)  # decode_list below says which and why
-        recs: list = []
-        err = None
-        for offset, payload, items in zip(offsets, payloads, decoded, strict=True):
-            try:
-                if type(items) is not list or not items:
-                    items = decode_list(payload)  # raises DecodeError, or it is a list
-                code = items[0]
-                # records.is_put_list, inlined
-                if (put_lists and type(code) is int and code == put_code
-                        and len(items) == put_len):
-                    rec = items
-                    seq = items[1]
-                else:
-                    rec = from_list(items)
-                    seq = rec.seq
-            except records.DecodeError as e:
-                err = CorruptionError(path, offset, last, str(e))
-                break
-            if seq != last + 1:
-                # The sequence rule inside a file; across files it is recovery.LogSeq's.
-                if last == first - 1:
-                    err = CorruptionError(path, offset, None,
-                                          f"header says first seq {first}, first record has {seq}")
-                else:
-                    kind = "gap" if seq > last else "overlap"
-                    err = CorruptionError(path, offset, last,
-                                          f"sequence {kind}: expected {last + 1}, found {seq}")
-                break
-            last = seq
-            recs.append(rec)
-        if err is not None:
-            if recs:
-                yield offsets[:len(recs)], recs, None
-            raise err
-        yield offsets, recs, scan
-        if scan is not None:
-            return

@@ -36,7 +36,8 @@ from smallstalk.core.state import State, StateError
 from smallstalk.storage import aof, datadir, snapshot
 from smallstalk.storage.aof import CorruptionError
 from smallstalk.storage.bodies import COMPACTOR_BUDGET, PUTS, BodyError, BodyStore, spill_record
-from smallstalk.storage.recovery import LogSeq, apply_next, body_offset
+from smallstalk.storage.logread import LogReader
+from smallstalk.storage.recovery import apply_next, body_offset
 
 log = logging.getLogger("smallstalk.storage.compactor")
 
@@ -53,22 +54,13 @@ def fold(data_dir: Path, segments: list[Path], max_memory: int = 0) -> Path:
     state = snapshot.load(snaps[-1][1], store) if snaps else State()
     state.on_body_dropped = store.drop if store is not None else None
     keys: dict = {}
-    log_seq = LogSeq(state.last_seq)
+    # Closed segments only: a bad frame in any of them is damage (torn_tail=False).
+    reader = LogReader(segments, state.last_seq, after=state.last_seq, torn_tail=False)
     try:
-        for path in segments:
-            data = path.read_bytes()
-            for entry in aof.iter_segment(path, data):
-                if isinstance(entry, aof.FrameScan):
-                    if not entry.clean:
-                        raise CorruptionError(path, entry.end, state.last_seq, entry.why)
-                    break
-                offset, rec = entry
-                log_seq.check(path, offset, rec.seq, state.last_seq)
-                if rec.seq <= log_seq.floor:
-                    continue  # in the snapshot already
+        for path, data, offsets, recs in reader.batches():
+            for offset, rec in zip(offsets, recs, strict=True):
                 if apply_next(state, path, offset, rec) and store and type(rec) in PUTS:
                     spill_record(store, state, rec, path, body_offset(data, offset, rec), keys)
-            del data
         return snapshot.write_state(snap_dir, state, store, index=store is not None)
     finally:
         if store is not None:

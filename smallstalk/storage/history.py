@@ -3,16 +3,18 @@
 `iter_records(data_dir)` yields every record the AOF still holds as
 `(segment path, byte offset, record)`, in sequence order, reading one chunk of
 one file at a time: memory stays constant however long the log is. The
-operator tools (`smallstalk aof`, `replay`, `job-history`) and the analytics
-pipeline are built on it.
+operator tools (`smallstalk aof`, `replay`, `job-history`) are built on it.
+It reads with start-up's reader and rules (logread.LogReader, streaming), so
+the two name the same damage.
 
 Safe on the data directory of a live server: nothing is ever written, the
 segments are opened as soon as they are listed (the compactor may unlink them
 meanwhile; an open file stays readable), and the last segment is read up to
-its readable prefix. A frame there that does not (yet) check out ends the
-read with a warning, not an error: it is either a write in progress or a torn
-tail that start-up will cut off. Damage anywhere else raises
-`aof.CorruptionError`, naming the file, the offset and the last good seq.
+its readable prefix. A frame there that does not (yet) check out, with
+nothing continuing the log after it, ends the read with a warning, not an
+error: it is either a write in progress or a torn tail that start-up will cut
+off. Damage anywhere else raises `aof.CorruptionError`, naming the file, the
+offset and the last good seq.
 
 Records folded into a snapshot by the compactor are gone from the log: asking
 for them (`from_seq` below the oldest record kept) raises `HistoryFolded`,
@@ -31,8 +33,9 @@ import attrs
 
 from smallstalk.core import records
 from smallstalk.core.state import State, StateError
-from smallstalk.storage import aof, datadir, snapshot, snapshot_codec
-from smallstalk.storage.aof import HEADER_SIZE, CorruptionError
+from smallstalk.storage import datadir, snapshot, snapshot_codec
+from smallstalk.storage.aof import CorruptionError
+from smallstalk.storage.logread import LogReader
 
 log = logging.getLogger("smallstalk.storage.history")
 
@@ -156,106 +159,7 @@ def _size(path: Path) -> int | None:
         return None  # unlinked by the compactor between listing and looking
 
 
-# --- segments ----------------------------------------------------------------------
-
-
-class SegmentReader:
-    """One segment, streamed: iterate for (offset, record); then read how it ended.
-
-    Raises CorruptionError for a bad header or a payload that checks out but is
-    not a record. A frame that does not check out ends the iteration and sets
-    `why`; `tail_is_torn()` then tells a torn tail from damage in the middle.
-    """
-
-    def __init__(self, path: Path, file: BinaryIO | None = None, last: bool = False):
-        self.path = path
-        self.file = file
-        self.last = last
-        self.header_seq: int | None = None
-        self.short_header = False  # the file is shorter than a header
-        self.records = 0
-        self.first_seq: int | None = None
-        self.last_seq: int | None = None
-        self.first_time: int | None = None
-        self.last_time: int | None = None
-        self.end = 0  # offset after the last good frame
-        self.size = 0
-        self.why: str | None = None
-        self._data: bytes | None = None  # the whole file, read only when a frame is bad
-
-    def __iter__(self) -> Iterator[tuple[int, records.Record]]:
-        f = self.file if self.file is not None else open(self.path, "rb")  # noqa: SIM115
-        try:
-            yield from self._read(f)
-        finally:
-            f.close()
-            self.file = None
-
-    def _read(self, f: BinaryIO) -> Iterator[tuple[int, records.Record]]:
-        f.seek(0)
-        head = f.read(HEADER_SIZE)
-        if len(head) < HEADER_SIZE:
-            self.short_header = True
-            self.size = self.end = len(head)
-            self.why = "file shorter than its header"
-            return
-        first = self.header_seq = aof.read_header(self.path, head, aof.SEGMENT_MAGIC)
-        self.end = HEADER_SIZE
-        decode = records.decode
-        for offsets, payloads, scan in aof.file_frames(f, HEADER_SIZE,
-                                                       TAIL_SETTLE if self.last else ()):
-            for offset, payload in zip(offsets, payloads, strict=True):
-                try:
-                    rec = decode(payload)
-                except records.DecodeError as e:
-                    raise CorruptionError(self.path, offset, self.last_seq, str(e)) from None
-                if self.first_seq is None:
-                    if rec.seq != first:
-                        raise CorruptionError(
-                            self.path, offset, None,
-                            f"header says first seq {first}, first record has {rec.seq}")
-                    self.first_seq, self.first_time = rec.seq, rec.time
-                self.records += 1
-                self.last_seq, self.last_time = rec.seq, rec.time
-                yield offset, rec
-            if scan is not None:
-                self.end, self.size, self.why = scan.end, scan.size, scan.why
-                if self.why is not None:
-                    f.seek(0)
-                    self._data = f.read()  # for tail_is_torn, from the file we have open
-                return
-
-    @property
-    def clean(self) -> bool:
-        return self.why is None
-
-    def tail_is_torn(self) -> bool:
-        """After a bad frame: True if no good record follows it (a torn tail)."""
-        if self.short_header:
-            return True
-        data = self._data if self._data is not None else self.path.read_bytes()
-        # start-up's rule (recovery): no run of records continuing the log follows
-        last = self.last_seq if self.last_seq is not None else (self.header_seq or 1) - 1
-        return aof.later_good_frame(data, self.end, last) is None
-
-    def damage(self) -> CorruptionError:
-        return CorruptionError(self.path, self.end, self.last_seq, self.why or "damage")
-
-    def torn_warning(self) -> str:
-        return torn_warning(self.path, self.size, self.end, self.why or "", self.last_seq,
-                            None if self.short_header else self.header_seq)
-
-
-def torn_warning(path: Path, size: int, end: int, why: str, last_seq: int | None,
-                 header_seq: int | None) -> str:
-    """The tools' warning for a last segment that ends in a torn (or in-progress) write;
-    `header_seq` None: the file is shorter than its header."""
-    if header_seq is None:
-        return f"{path}: last segment has no complete header yet ({size} bytes)"
-    after = f"seq {last_seq}" if last_seq is not None else "its header"
-    return (f"{path}: the last segment ends in {size - end} bytes that are not "
-            f"a complete record ({why}) at offset {end}, after {after}: a write in "
-            f"progress if a server is running, else a torn write that start-up cuts off")
+# --- segments ---------------------------------------------------------------------
 
 
 @attrs.define
@@ -326,9 +230,10 @@ def iter_records(
       log no longer holds `from_seq` (folded into a snapshot), HistoryFolded.
     - `include_open=False`: leave out the last segment (the one a running
       server appends to), so only closed, immutable segments are read.
-    - Sequence numbers are checked to follow on without gaps; damage raises
-      CorruptionError. A torn or still-being-written tail of the last segment
-      ends the stream and is reported through `warn` (default: logging).
+    - The log's rules are checked as start-up checks them (logread.LogReader,
+      streaming); damage raises CorruptionError. A torn or still-being-written
+      tail of the last segment ends the stream and is reported through `warn`
+      (default: logging).
     - `progress(bytes read, bytes in all)` is called now and then.
     - `opened`: the files of `open_dir(data_dir)` to read (to list once and
       make several decisions on the same files); its segments are consumed.
@@ -340,10 +245,10 @@ def iter_records(
         opened = open_dir(data_dir)
     lay, files = opened.layout, opened.segments
     try:
-        n_all = len(lay.segments)
         chosen = list(zip(lay.segments, files, strict=True))
         if not include_open and chosen:
             chosen = chosen[:-1]
+        floor = _floor(lay)
         if from_seq is not None:
             gone = lay.folded(from_seq)
             if gone is not None:
@@ -352,46 +257,42 @@ def iter_records(
                 seg, f = chosen.pop(0)
                 if f is not None:
                     f.close()
-        total = sum(seg.size for seg, _ in chosen)
-        done = 0
-        expected: int | None = None
-        for seg, f in chosen:
-            is_last = seg is lay.segments[-1] and n_all > 0
-            if f is None:
-                try:
-                    f = open(seg.path, "rb")  # noqa: SIM115
-                except FileNotFoundError:
-                    after = expected - 1 if expected is not None else None
-                    raise CorruptionError(seg.path, 0, after,
-                                          "segment disappeared while reading (a compaction "
-                                          "folded it meanwhile); run the command again") from None
-            reader = SegmentReader(seg.path, f, last=is_last)
-            count = 0
-            for offset, rec in reader:
-                if expected is not None and rec.seq != expected:
-                    raise CorruptionError(seg.path, offset, expected - 1,
-                                          f"sequence gap: expected {expected}, found {rec.seq}")
-                expected = rec.seq + 1
-                count += 1
-                if progress is not None and count & 0xFFF == 0:
-                    progress(done + offset, total)
-                if from_seq is not None and rec.seq < from_seq:
-                    continue
-                yield seg.path, offset, rec
-            if not reader.clean:
-                if is_last and reader.tail_is_torn():
-                    warn(reader.torn_warning())
-                else:
-                    raise reader.damage()
-            done += seg.size
-            if progress is not None:
-                progress(done, total)
+                if floor is not None:
+                    floor = max(floor, chosen[0][0].first - 1)  # the skipped ones hold those
+        starts: dict[Path, int] = {}  # bytes in the segments before each one
+        total = 0
+        for seg, _ in chosen:
+            starts[seg.path], total = total, total + seg.size
+        reader = LogReader([seg.path for seg, _ in chosen], floor,
+                           after=from_seq - 1 if from_seq is not None else None,
+                           files=[f for _, f in chosen], torn_tail=include_open, stream=True,
+                           settle=TAIL_SETTLE)
+        for path, _data, offsets, recs in reader.batches():
+            if progress is not None:  # a batch is a read's worth of frames
+                progress(starts[path] + offsets[-1], total)
+            for offset, rec in zip(offsets, recs, strict=True):
+                yield path, offset, rec
+        for read in reader.read:
+            if read.torn is not None:
+                warn(read.torn_warning())
+        if progress is not None:
+            progress(total, total)
     finally:
         for f in files:
             if f is not None:
                 f.close()
         if own:
             opened.close()
+
+
+def _floor(lay: Layout) -> int | None:
+    """The seq the log's first record may follow: the newest snapshot's (start-up's
+    rule), or None where records are missing that no snapshot holds (damage that
+    `Layout.folded` names; the tools say so and show what the log holds)."""
+    newest = lay.newest_snapshot
+    floor = newest.seq if newest is not None else 0
+    first = lay.first_kept
+    return None if first is not None and first > floor + 1 else floor
 
 
 # --- snapshots --------------------------------------------------------------------

@@ -18,7 +18,7 @@ from smallstalk.core.state import NS
 from smallstalk.ops.dump import details
 from smallstalk.ops.job_history import job_history
 from smallstalk.server.loop import MutationLoop
-from smallstalk.storage import aof, snapshot_codec
+from smallstalk.storage import aof, logread, snapshot_codec
 
 from ..support.harness import EPOCH, Client, make_loop
 from .test_tube_policies import assert_replays, stat
@@ -47,7 +47,7 @@ async def assert_replica_agrees(lp: MutationLoop, data_dir: Path, nursery) -> No
     nursery.start_soon(replica.run)
     records = []
     for _first, path in aof.list_segments(data_dir / "aof"):
-        records += [e[1] for e in aof.iter_segment(path) if not isinstance(e, aof.FrameScan)]
+        records += [e[1] for e in logread.iter_segment(path) if not isinstance(e, aof.FrameScan)]
     await replica.call(replica.apply_replicated, records)
     replica.state.check()
     live = [x for x in snapshot_codec.dump(lp.state) if x[0] != "conn"]
@@ -64,7 +64,7 @@ async def settle() -> None:
 def records_of(data_dir: Path, cls: type) -> list:
     out = []
     for _first, path in aof.list_segments(data_dir / "aof"):
-        out += [e[1] for e in aof.iter_segment(path)
+        out += [e[1] for e in logread.iter_segment(path)
                 if not isinstance(e, aof.FrameScan) and isinstance(e[1], cls)]
     return out
 

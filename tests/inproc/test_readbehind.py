@@ -21,7 +21,7 @@ from smallstalk.core import protocol as p
 from smallstalk.core.state import State
 from smallstalk.server.loop import MutationLoop
 from smallstalk.server.policy import Policies, TubePolicy
-from smallstalk.storage import aof, compactor, snapshot, snapshot_codec
+from smallstalk.storage import aof, compactor, logread, snapshot, snapshot_codec
 from smallstalk.storage.bodies import BodyStore, resolve_items
 from smallstalk.storage.journal import FSYNC_NEVER, Journal
 from smallstalk.storage.recovery import recover
@@ -369,7 +369,7 @@ async def test_replica_spills_what_it_applies(nursery, tmp_path, autojump_clock)
     nursery.start_soon(replica.run)
     records = []
     for _first, path in aof.list_segments(tmp_path / "p" / "aof"):
-        records += [e[1] for e in aof.iter_segment(path) if not isinstance(e, aof.FrameScan)]
+        records += [e[1] for e in logread.iter_segment(path) if not isinstance(e, aof.FrameScan)]
     await replica.call(replica.apply_replicated, records)
     st = replica.state
     assert in_memory(st) <= 9000 and st.spilled_bytes

@@ -299,11 +299,11 @@ async def test_replica_refuses_delete_tube(tmp_path, nursery, autojump_clock) ->
 
 
 def _records(data_dir) -> list:
-    from smallstalk.storage import aof
+    from smallstalk.storage import aof, logread
 
     out = []
     for _first, path in aof.list_segments(data_dir / "aof"):
-        for entry in aof.iter_segment(path):
+        for entry in logread.iter_segment(path):
             if isinstance(entry, aof.FrameScan):
                 break
             out.append(entry[1])

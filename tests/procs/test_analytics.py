@@ -58,7 +58,7 @@ import pyarrow.dataset as ds  # noqa: E402
 from smallstalk.core import records as r  # noqa: E402
 from smallstalk.core.model import NS, STATE_NAMES  # noqa: E402
 from smallstalk.core.state import RESERVED, State  # noqa: E402
-from smallstalk.storage import aof, compactor, snapshot  # noqa: E402
+from smallstalk.storage import aof, compactor, logread, snapshot  # noqa: E402
 
 from ..support.bsclient import Client, Reply, connect, put_cmd  # noqa: E402
 from ..support.procs import start_smallstalk  # noqa: E402
@@ -265,7 +265,7 @@ def reference_jobs(data_dir: Path, server: str) -> dict[tuple[str, int], dict[st
                      None, st)],
             tubes=[(j.tube.name, None)], since=j.created if known else None)
     for _first, path in aof.list_segments(data_dir / "aof"):
-        for entry in aof.iter_segment(path):
+        for entry in logread.iter_segment(path):
             if isinstance(entry, aof.FrameScan):
                 break
             rec = entry[1]
@@ -391,7 +391,7 @@ def data_end(dirs: list[Path]) -> int:
     end = 0
     for d in dirs:
         for _first, path in aof.list_segments(d / "aof"):
-            for entry in aof.iter_segment(path):
+            for entry in logread.iter_segment(path):
                 if not isinstance(entry, aof.FrameScan):
                     end = max(end, entry[1].time)
         for _seq, path in aof.list_snapshots(d / "snapshots"):
@@ -776,7 +776,7 @@ def test_data_source_reads_every_record(spark, workload) -> None:
     rows = {x["seq"]: x for x in df.select("seq", "op", "id", "body", "server").collect()}
     plain = {}
     for _first, path in aof.list_segments(alpha / "aof"):
-        for entry in aof.iter_segment(path):
+        for entry in logread.iter_segment(path):
             if not isinstance(entry, aof.FrameScan):
                 plain[entry[1].seq] = entry[1]
     assert set(rows) == set(plain)

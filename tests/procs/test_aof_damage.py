@@ -14,7 +14,7 @@ import pytest
 from smallstalk.core import records
 from smallstalk.core.model import STATE_NAMES
 from smallstalk.core.state import State
-from smallstalk.storage import aof, recovery, snapshot, snapshot_codec
+from smallstalk.storage import aof, logread, recovery, snapshot, snapshot_codec
 from smallstalk.storage.aof import CorruptionError
 
 from ..support.bsclient import Client, connect, peek_ids, put_cmd, stats_jobs
@@ -196,7 +196,7 @@ def test_a_killed_servers_allocated_tail_is_the_end_and_startup_cuts_it(
     allocated ahead (aof.SegmentWriter). That is a clean end, not a torn tail: the
     next start-up cut the earlier runs' off, and cuts the last one's the same way."""
     segs = [path for _, path in aof.list_segments(data / "aof")]
-    ends = {path: list(aof.iter_segment(path))[-1] for path in segs}
+    ends = {path: list(logread.iter_segment(path))[-1] for path in segs}
     assert all(scan.clean for scan in ends.values())
     last = segs[-1]
     assert last.stat().st_size > ends[last].end, "the last run's segment was not allocated ahead"

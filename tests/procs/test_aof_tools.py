@@ -13,7 +13,7 @@ from smallstalk.core import records
 from smallstalk.ops import aof as aof_tool
 from smallstalk.ops import job_history, replay
 from smallstalk.ops import text as fmt
-from smallstalk.storage import aof, history
+from smallstalk.storage import aof, history, logread
 
 from ..support.procs import REPO
 from ..support.toollogs import (
@@ -171,7 +171,7 @@ def test_aof_dump_jsonl_has_every_field(log_dir: Path) -> None:
     assert (code, err) == (0, "")
     expected = []
     for _first, path in aof.list_segments(log_dir / "aof"):
-        for entry in aof.iter_segment(path):
+        for entry in logread.iter_segment(path):
             if isinstance(entry, aof.FrameScan):
                 assert entry.clean
                 break
@@ -267,7 +267,7 @@ def damaged_copy(src: Path, tmp: Path) -> Path:
 
 
 def offset_of(segment: Path, seq: int) -> int:
-    for entry in aof.iter_segment(segment):
+    for entry in logread.iter_segment(segment):
         if not isinstance(entry, aof.FrameScan) and entry[1].seq == seq:
             return entry[0]
     raise AssertionError(seq)

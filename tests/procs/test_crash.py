@@ -18,7 +18,7 @@ import attrs
 import pytest
 
 from smallstalk.core import records
-from smallstalk.storage import aof, recovery
+from smallstalk.storage import aof, logread, recovery
 from smallstalk.storage.aof import CorruptionError
 
 from ..support.bsclient import Client, Reply, connect, peek_ids, put_cmd, stats_jobs
@@ -543,7 +543,7 @@ def segment_records(data: Path) -> list:
     out = []
     for _, path in aof.list_segments(data / "aof"):
         try:
-            out += [e[1] for e in aof.iter_segment(path) if not isinstance(e, aof.FrameScan)]
+            out += [e[1] for e in logread.iter_segment(path) if not isinstance(e, aof.FrameScan)]
         except (FileNotFoundError, CorruptionError):
             continue  # deleted by the compactor, or its header not written yet
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from smallstalk.storage import aof, datadir
+from smallstalk.storage import aof, datadir, logread
 
 from ..support.bsclient import connect, put_cmd
 from ..support.procs import REPO, Server, free_port, smallstalk_cmd, start_smallstalk
@@ -114,7 +114,7 @@ def test_read_only_tools_work_beside_a_server_and_writers_wait(tmp_path: Path) -
     try:
         put_ids(server.port, [b"one", b"two"])
         last = max(seq for path in [p for _f, p in aof.list_segments(data / "aof")]
-                   for seq in [e[1].seq for e in aof.iter_segment(path)
+                   for seq in [e[1].seq for e in logread.iter_segment(path)
                                if not isinstance(e, aof.FrameScan)])
         for args in (["aof", "ls", data], ["aof", "dump", data], ["aof", "verify", data],
                      ["job-history", data, "1"], ["replay", data, "--until-seq", last]):

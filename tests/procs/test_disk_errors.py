@@ -13,7 +13,7 @@ import attrs
 import pytest
 
 from smallstalk.server.commit import RETRY_AFTER_FAILURE
-from smallstalk.storage import aof
+from smallstalk.storage import aof, logread
 
 from ..support.bsclient import Client, Reply, connect, peek_ids, stats_jobs
 from ..support.powercut import PowerCutMount, mounted
@@ -117,12 +117,12 @@ def newest_segment(data: Path) -> Path:
 
 def records_end(path: Path) -> int:
     """Where a segment's records end (the file is allocated further ahead)."""
-    return [e for e in aof.iter_segment(path) if isinstance(e, aof.FrameScan)][-1].end
+    return [e for e in logread.iter_segment(path) if isinstance(e, aof.FrameScan)][-1].end
 
 
 def assert_segment_clean(path: Path) -> None:
     """No partial frame at the end: a failed write was cut back."""
-    scans = [e for e in aof.iter_segment(path) if isinstance(e, aof.FrameScan)]
+    scans = [e for e in logread.iter_segment(path) if isinstance(e, aof.FrameScan)]
     assert scans and scans[-1].clean, f"{path}: {scans[-1].why} at {scans[-1].end}"
 
 
@@ -277,7 +277,7 @@ def fill_to_rotation(c: Client, led: Ledger, data: Path, per_segment: int) -> in
     """Put until the open segment is one record short of rotating; return its record count."""
     seg = newest_segment(data)
     for _ in range(per_segment):
-        n = sum(1 for e in aof.iter_segment(seg) if not isinstance(e, aof.FrameScan))
+        n = sum(1 for e in logread.iter_segment(seg) if not isinstance(e, aof.FrameScan))
         if n == per_segment - 1:
             return n
         assert led.put(c, "fill").status == b"INSERTED"

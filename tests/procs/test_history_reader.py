@@ -18,7 +18,7 @@ import pytest
 from smallstalk.ops import aof as aof_tool
 from smallstalk.ops import job_history, replay
 from smallstalk.ops import text as fmt
-from smallstalk.storage import aof, history
+from smallstalk.storage import aof, history, logread
 
 from ..support.procs import REPO, start_smallstalk
 from ..support.toollogs import (
@@ -105,7 +105,7 @@ def dumped_seqs_and_note(data: Path) -> tuple[list[int], str]:
 def test_iter_records(log_dir: Path, folded_dir: Path) -> None:
     expected = []
     for _first, path in aof.list_segments(log_dir / "aof"):
-        expected += [(path, e[0], e[1]) for e in aof.iter_segment(path)
+        expected += [(path, e[0], e[1]) for e in logread.iter_segment(path)
                      if not isinstance(e, aof.FrameScan)]
     assert list(history.iter_records(log_dir)) == expected
     assert list(history.iter_records(str(log_dir), from_seq=10)) == expected[9:]

@@ -333,11 +333,11 @@ def test_failover_with_min_replica_acks_loses_no_acknowledged_put(tmp_path: Path
 
 def _deleted_ids(data: Path) -> set[int]:
     from smallstalk.core import records
-    from smallstalk.storage import aof
+    from smallstalk.storage import aof, logread
 
     out = set()
     for _first, path in aof.list_segments(data / "aof"):
-        for entry in aof.iter_segment(path):
+        for entry in logread.iter_segment(path):
             if isinstance(entry, aof.FrameScan):
                 break
             if isinstance(entry[1], records.Delete):

@@ -12,7 +12,7 @@ pytest.importorskip("pyarrow")
 from smallstalk.analytics import gen, report, source  # noqa: E402
 from smallstalk.core import records as r  # noqa: E402
 from smallstalk.core.model import NS  # noqa: E402
-from smallstalk.storage import aof, compactor, snapshot  # noqa: E402
+from smallstalk.storage import aof, compactor, logread, snapshot  # noqa: E402
 from smallstalk.storage.recovery import recover  # noqa: E402
 
 
@@ -23,7 +23,7 @@ def test_generator_writes_valid_segments(tmp_path) -> None:
         assert not rec.warnings and rec.state.last_seq == 3000
         assert len(aof.list_segments(d / "aof")) == 5
         ops = {type(x[1]) for _f, p in aof.list_segments(d / "aof")
-               for x in aof.iter_segment(p) if not isinstance(x, aof.FrameScan)}
+               for x in logread.iter_segment(p) if not isinstance(x, aof.FrameScan)}
         assert {r.Put, r.Reserve, r.Delete, r.Release, r.Bury, r.Timeout, r.Restart} <= ops
 
 

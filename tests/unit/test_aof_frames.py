@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from smallstalk.core import records as r
-from smallstalk.storage import aof
+from smallstalk.storage import aof, logread
 from smallstalk.storage.aof import CorruptionError, FrameScan, SegmentWriter
 
 
@@ -187,7 +187,7 @@ def test_a_segment_writer_writes_its_header_and_appends(tmp_path: Path) -> None:
     seg.close()
     data = seg.path.read_bytes()
     assert len(data) == seg.size and os.stat(seg.path).st_mode & 0o777 == 0o644
-    assert [rec.seq for _, rec in list(aof.iter_segment(seg.path))[:-1]] == [5, 6]
+    assert [rec.seq for _, rec in list(logread.iter_segment(seg.path))[:-1]] == [5, 6]
 
 
 def test_a_segment_is_allocated_ahead_and_closes_at_its_exact_size(tmp_path: Path) -> None:
@@ -196,7 +196,7 @@ def test_a_segment_is_allocated_ahead_and_closes_at_its_exact_size(tmp_path: Pat
     seg.write()
     seg.sync()
     assert seg.path.stat().st_size == aof.HEADER_SIZE + (64 << 10) > seg.size
-    *frames, scan = aof.iter_segment(seg.path)
+    *frames, scan = logread.iter_segment(seg.path)
     assert [rec.seq for _, rec in frames] == [1] and scan.clean and scan.end == seg.size
     big = b"x" * (100 << 10)  # past the allocation: allocated again, as far as needed
     seg.append(put(2, big), 2)
@@ -205,7 +205,7 @@ def test_a_segment_is_allocated_ahead_and_closes_at_its_exact_size(tmp_path: Pat
     seg.finish()
     assert seg.path.stat().st_size == seg.size
     seg.close()
-    assert [rec.seq for _, rec in list(aof.iter_segment(seg.path))[:-1]] == [1, 2]
+    assert [rec.seq for _, rec in list(logread.iter_segment(seg.path))[:-1]] == [1, 2]
     other = SegmentWriter(tmp_path, 3, preallocate=4096)
     other.append(put(3), 3)
     other.write()
@@ -226,7 +226,7 @@ def test_cut_back_drops_what_followed(tmp_path: Path) -> None:
     seg.append(put(2, b"again"), 2)  # the next write lands right after the durable part
     seg.write()
     seg.close()
-    recs = [rec for _, rec in list(aof.iter_segment(seg.path))[:-1]]
+    recs = [rec for _, rec in list(logread.iter_segment(seg.path))[:-1]]
     assert [(x.seq, x.body) for x in recs] == [(1, b"body"), (2, b"again")]
 
 
@@ -256,12 +256,12 @@ def test_start_ups_batched_reader_stops_where_read_frames_does(tmp_path: Path, t
     """segment_batches (start-up's fast path) applies read_frames' rules inline."""
     data = segment(1, [put(s) for s in range(1, n + 1)]) + tail
     path = tmp_path / aof.segment_name(1)
-    *entries, scan = aof.iter_segment(path, data)
+    *entries, scan = logread.iter_segment(path, data)
     *frames, want = aof.read_frames(data)
     assert [off for off, _ in entries] == [off for off, _ in frames]
     assert [rec.seq for _, rec in entries] == list(range(1, n + 1))
     assert (scan.end, scan.size, scan.why) == (want.end, want.size, want.why)
-    batches = list(aof.segment_batches(path, data, put_lists=True))
+    batches = list(logread.segment_batches(path, data, put_lists=True))
     assert all(len(offs) <= aof.SEGMENT_BATCH for offs, _, _ in batches)
     assert [s for _, _, s in batches[:-1]] == [None] * (len(batches) - 1)
     assert all(type(x) is list for _, recs, _ in batches for x in recs)  # format-1 puts as lists
@@ -271,10 +271,10 @@ def test_start_ups_reader_names_a_record_that_does_not_decode(tmp_path: Path) ->
     path = tmp_path / aof.segment_name(1)
     data = segment(1, [put(1), b"\xff not cbor", put(3)])
     with pytest.raises(CorruptionError) as e:
-        list(aof.iter_segment(path, data))
+        list(logread.iter_segment(path, data))
     assert e.value.offset == aof.HEADER_SIZE + len(aof.frame(put(1))) and e.value.seq == 1
     with pytest.raises(CorruptionError, match="header says first seq 1, first record has 2"):
-        list(aof.iter_segment(path, segment(1, [put(2)])))
+        list(logread.iter_segment(path, segment(1, [put(2)])))
 
 
 def test_header_errors_name_the_file_and_offset_0(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from hypothesis import strategies as hs
 
 from smallstalk.core import records as r
 from smallstalk.core.state import BURIED, READY, RESERVED, Job, State, StateError
-from smallstalk.storage import aof, datadir, recovery, snapshot, snapshot_codec
+from smallstalk.storage import aof, datadir, logread, recovery, snapshot, snapshot_codec
 from smallstalk.storage.aof import CorruptionError
 
 from ..support.segments import write_segment
@@ -147,7 +147,7 @@ def generic_recover(data_dir: Path) -> State:
     snaps = aof.list_snapshots(snap_dir)
     st = snapshot.load(snaps[-1][1]) if snaps else State()
     for _first, path in aof.list_segments(aof_dir):
-        for entry in aof.iter_segment(path):
+        for entry in logread.iter_segment(path):
             if isinstance(entry, aof.FrameScan):
                 break
             recovery.apply_next(st, path, *entry)
@@ -324,3 +324,39 @@ def test_apply_put_is_apply_of_a_put(recs: list, keep_arrivals: bool) -> None:
             jid: {**slots(j), "gen": 0} for jid, j in slow.jobs.items()}
         assert list(snapshot_codec.dump(loaded)) == items
         assert peeks(loaded) == peeks(slow)
+
+
+@given(seq=hs.integers(1, U64), time=hs.integers(0, U64), conn=hs.integers(0, U64),
+       tube=hs.text(min_size=1, max_size=200), key=hs.text(min_size=1, max_size=200),
+       unique_for=hs.integers(0, U32), keys_max=hs.integers(0, U32), id=hs.integers(1, U64),
+       pri=hs.integers(0, U32), delay=hs.integers(0, U32), ttr=hs.integers(0, U32),
+       body=hs.binary(max_size=300))
+@settings(max_examples=200)
+def test_encode_put_unique_is_encode_of_its_record(seq: int, time: int, conn: int, tube: str,
+                                                   key: str, unique_for: int, keys_max: int,
+                                                   id: int, pri: int, delay: int, ttr: int,
+                                                   body: bytes) -> None:
+    rec = r.PutUnique(seq, time, conn, tube, key, unique_for, keys_max, ((id, tube),), pri,
+                      delay, ttr, 0, (), body)
+    assert r.encode_put_unique(seq, time, conn, tube, key, unique_for, keys_max, id, pri,
+                               delay, ttr, body) == r.encode(rec)
+
+
+def test_apply_put_unique_equals_apply_of_its_record() -> None:
+    """The live keyed put's state change is the record's: the same jobs and
+    keys, and a duplicate refused the same way."""
+    fast, slow = State(), State()
+    puts = [(1, T0, 1, "a", "k1", 60, 10, 1, 5, 0, 30, b"x"),
+            (2, T0 + S, 1, "a", "k2", 60, 10, 2, 5, 3, 30, b"y"),
+            (3, T0 + 2 * S, 2, "b", "k1", 0, 1, 3, 5, 0, 30, b"z")]
+    for seq, time, conn, tube, key, window, kmax, jid, pri, delay, ttr, body in puts:
+        fast.apply_put_unique(seq, time, conn, tube, key, window, kmax, jid, pri, delay, ttr,
+                              body)
+        slow.apply(r.PutUnique(seq, time, conn, tube, key, window, kmax, ((jid, tube),), pri,
+                               delay, ttr, 0, (), body))
+    assert fingerprint(fast) == fingerprint(slow)
+    for st in (fast, slow):
+        st.check()
+        assert st.keys.find("a", "k1", T0 + 3 * S) == 1 and st.keys.find("b", "k1", T0) == 3
+        with pytest.raises(StateError, match="is taken"):
+            st.apply_put_unique(4, T0 + 3 * S, 1, "a", "k2", 60, 10, 4, 5, 0, 30, b"again")
