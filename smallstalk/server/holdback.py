@@ -17,11 +17,24 @@ back, in one place (`stats-job` with --extended-stats, the console).
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Protocol
 
 from smallstalk.core import records as r
 from smallstalk.core.state import NS, Job, State
 from smallstalk.server.policy import Policies, TubePolicy
+
+
+class Loop(Protocol):
+    """What the policies read and call of the mutation loop (loop.MutationLoop)."""
+
+    state: State
+    policies: Policies
+    read_only: str | None
+    now: int
+
+    def log(self, cls: type, *fields) -> r.Record: ...
+
+    def count_tube(self, tube: str, name: str) -> None: ...
 
 
 def backoff_seconds(base_cap: tuple[int, int], n: int) -> int:
@@ -60,7 +73,7 @@ def move_for(pol: TubePolicy, j: Job, cause: int, now: int,
     return None
 
 
-def _count(lp: Any, j: Job, move: tuple[int, int, str, str]) -> None:
+def _count(lp: Loop, j: Job, move: tuple[int, int, str, str]) -> None:
     _, until, to, reason = move
     if reason:
         lp.count_tube(j.tube.name, "jobs-dead-lettered" if to else "jobs-exhausted")
@@ -68,7 +81,7 @@ def _count(lp: Any, j: Job, move: tuple[int, int, str, str]) -> None:
         lp.count_tube(j.tube.name, "jobs-backed-off")
 
 
-def log_timeouts(lp: Any, due: list[int]) -> None:
+def log_timeouts(lp: Loop, due: list[int]) -> None:
     """The reservations whose TTR ran out: one Timeout record when no policy
     touches them (the common case), else one Requeue record for all."""
     st, policies, now = lp.state, lp.policies, lp.now
@@ -92,7 +105,7 @@ def log_timeouts(lp: Any, due: list[int]) -> None:
         lp.log(r.Timeout, due)
 
 
-def release(lp: Any, conn: int, j: Job, pri: int, delay: int) -> bool:
+def release(lp: Loop, conn: int, j: Job, pri: int, delay: int) -> bool:
     """A release the tube's policy decides (back-off, an attempt limit):
     logged as a Requeue, True. False: a plain Release is the caller's."""
     pol = lp.policies.of(j.tube.name)
@@ -106,7 +119,7 @@ def release(lp: Any, conn: int, j: Job, pri: int, delay: int) -> bool:
     return True
 
 
-def before_disconnect(lp: Any, conn: int) -> None:
+def before_disconnect(lp: Loop, conn: int) -> None:
     """A closing connection's reservations that an attempt limit stops (a
     worker that dies on a job each time it takes it): a Requeue before the
     Disconnect record, which makes the rest ready."""
@@ -152,7 +165,7 @@ def limits_changes(st: State, policies: Policies) -> list[tuple[str, int, int, i
     return out
 
 
-def sync_limits(lp: Any) -> None:
+def sync_limits(lp: Loop) -> None:
     """Log a Limits record for every tube whose limits the configuration
     changed (at start, after a reload, on promotion); a replica logs none."""
     if lp.read_only:

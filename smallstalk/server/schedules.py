@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from smallstalk.core import records as r
 from smallstalk.core.state import DELAYED, NS, READY, RESERVED, State
@@ -23,6 +23,22 @@ from smallstalk.core.state import DELAYED, NS, READY, RESERVED, State
 SCHEDULE_KEYS = ("name", "tube", "cron", "timezone", "body", "pri", "ttr", "delay",
                  "skip-if-pending", "catch-up")
 CATCH_UP = ("none", "last")
+
+
+class Loop(Protocol):
+    """What the schedules read and call of the mutation loop (loop.MutationLoop)."""
+
+    state: State
+    policies: Any  # policy.Policies (policy.py imports this module)
+    schedules_loaded: dict[str, int]
+    started_at: int
+    max_job_size: int
+
+    def take_job_id(self) -> int: ...
+
+    def log(self, cls: type, *fields) -> r.Record: ...
+
+    def count_tube(self, tube: str, name: str) -> None: ...
 
 
 class ConfigError(Exception):
@@ -196,7 +212,7 @@ def firings(st: State, schedules: tuple[Schedule, ...], loaded_at: Mapping[str, 
     return out
 
 
-def fire_due(lp: Any, now: int) -> None:
+def fire_due(lp: Loop, now: int) -> None:
     """Log a Fire record for every schedule whose time came (timers.run)."""
     for sched, at, make in firings(lp.state, lp.policies.schedules, lp.schedules_loaded,
                                    now, lp.started_at):
