@@ -47,14 +47,14 @@ PRESETS = {
     "full": dict(duration=5.0, conns=(1, 10, 100), pipe=(("put-pipe", 1), ("put-pipe", 10),
                  ("rd-pipe", 10)), rss_jobs=1_000_000, startup_jobs=1_000_000,
                  rd_jobs=300_000, max_ops=0, extras=True, rounds=2,
-                 handoff_samples=2000, spawn_samples=7, open=OPEN_RR),
+                 handoff_samples=2000, spawn_samples=7, open=OPEN_RR, rate_seconds=6.0),
     "quick": dict(duration=1.0, conns=(1, 10, 100), pipe=(("put-pipe", 10),),
                   rss_jobs=100_000, startup_jobs=100_000, rd_jobs=40_000, max_ops=0,
                   extras=True, rounds=1, handoff_samples=300, spawn_samples=3,
-                  open=(("put", 10), ("cycle", 10))),
+                  open=(("put", 10), ("cycle", 10)), rate_seconds=4.0),
     "tiny": dict(duration=0.5, conns=(), pipe=(), rss_jobs=2_000, startup_jobs=2_000,
                  rd_jobs=600, max_ops=300, extras=False, rounds=1,
-                 handoff_samples=20, spawn_samples=1, open=(("put", 2),)),
+                 handoff_samples=20, spawn_samples=1, open=(("put", 2),), rate_seconds=0.0),
 }
 # Open loop: the load offered, as a share of the slowest server's saturated
 # command rate at the same point of this run (below saturation for all three).
@@ -455,6 +455,23 @@ class Bench:
                 self.say(f"SPAWN    {case:14} {kind:10} {json.dumps(row[kind])}")
             out["cases"][case] = {"servers": row, "ratio": ratio_of(row, "median_ms")}
         return out
+
+    def run_rate(self) -> dict:
+        """A tube with max-rate: accuracy, and the CPU a limit adds to a reserve
+        (bench/ratelimit.py); smallstalk only, beanstalkd has no such limit."""
+        secs = self.preset["rate_seconds"] if self.args.rate_seconds is None \
+            else self.args.rate_seconds
+        if secs <= 0 or "smallstalk" not in self.servers:
+            return {}
+        import ratelimit
+
+        try:  # the same copy of smallstalk/ as the other points (cwd comes first)
+            r = ratelimit.measure(self.args.rate, secs, work=self.workdir,
+                                  cwd=self.src if self.src is not None else REPO)
+        except Exception as e:  # noqa: BLE001 - one broken section must not end the run
+            r = {"error": f"{type(e).__name__}: {e}"}
+        self.say(f"RATE     smallstalk {json.dumps(r)}")
+        return r
 
     def cleanup(self) -> None:
         if not self.args.keep:

@@ -238,6 +238,20 @@ def render(results: dict, markdown: bool) -> str:
         parts.append(table(["case", "ss median", "ss max", "ss cpu", "bs median", "bs max",
                             "bs cpu", "ratio"], cells, markdown, set(range(1, 8))))
 
+    rt = results.get("rate") or {}
+    if "accuracy" in rt:
+        title = (f"Rate-limited reserves (smallstalk; max-rate {rt['rate']}/s, {rt['conns']} "
+                 f"workers, {rt['seconds']:g} s; load {rt['loadavg']:.1f})")
+        parts.append(f"{h}{title}" if markdown else f"-- {title}")
+        parts.append(table(
+            ["steady /s", "accuracy", "past the bound", "µs/job limited", "µs/job unlimited",
+             "µs/job loose limit"],
+            [[fmt_num(rt["steady_per_sec"], 1), f"{rt['accuracy']:.4f}",
+              f"{rt['max_over_bound_jobs']:.2f}", fmt_num(rt["limited_cpu_us_per_job"], 1),
+              fmt_num(rt["unlimited_cpu_us_per_job"], 1),
+              fmt_num(rt["loose_limit_cpu_us_per_job"], 1)]],
+            markdown, set(range(6))))
+
     cells = []
     for t in results["targets"]:
         def val(v, metric=t["metric"]):

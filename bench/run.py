@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="hand-off latency samples per mode and server (0 skips)")
     ap.add_argument("--spawn-samples", type=int,
                     help="spawns per case for spawn-to-first-reply (0 skips)")
+    ap.add_argument("--rate-seconds", type=float,
+                    help="seconds of the rate-limited reserve point (smallstalk only; 0 skips)")
+    ap.add_argument("--rate", type=int, default=500, help="its max-rate, reserves per second")
     ap.add_argument("--only", help="regex on MODE/WORKLOAD/CONNS to run a subset of the points "
                     "(open-loop points are open/WORKLOAD/CONNS)")
     ap.add_argument("--servers", default="smallstalk,beanstalkd,floor",
@@ -110,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         startup = bench.run_startup()
         handoff = bench.run_handoff()
         spawn = bench.run_spawn()
+        rate = bench.run_rate()
     finally:
         bench.cleanup()
     for row in points:
@@ -130,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             "partial": bool(args.only) or len(bench.servers) < len(SERVERS)
             or not bench.with_floor
             or args.rss_jobs == 0 or args.startup_jobs == 0
-            or args.handoff_samples == 0 or args.spawn_samples == 0,
+            or args.handoff_samples == 0 or args.spawn_samples == 0 or args.rate_seconds == 0,
         },
         "points": points,
         "floor": bench.floor_results(),
@@ -139,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "startup": startup,
         "handoff": handoff,
         "spawn": spawn,
+        "rate": rate,
     }
     results["targets"] = evaluate_targets(points, rss, startup, handoff, spawn, open_loop)
     text = render(results, markdown=False)

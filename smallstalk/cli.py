@@ -215,7 +215,10 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
         if not state.epochs:  # a fresh log gets its own history id
             lp.log(r.NewEpoch, 1, new_history())
         lp.log(r.Restart)  # connections of an earlier run are gone
+        lp.sync_limits()
         await journal.commit()
+    else:
+        lp.sync_limits()  # in memory: the state takes the limits all the same
     listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in sockets]
     if contexts.server is not None:
         listeners += [tls.listener(trio.socket.from_stdlib_socket(s), contexts.server)

@@ -75,7 +75,25 @@ expire-to = "dead"
 [tubes.keyed]
 unique-for = "1h"
 unique-keys-max = 5
+
+[tubes.flaky]
+max-timeouts = 1
+
+[tubes.throttled]
+max-reserved = 1
+max-rate = "100/h"
 """
+# Format 6: the Limits record the configuration gives (tube, max_reserved, rate, period s).
+LIMITS = [("throttled", 1, 100, 3600)]
+FLAKY_REASON = "exhausted: TTR ran out 1 times (max-timeouts 1)"
+
+
+def schedule_config(at: int) -> str:
+    """A schedule that fires once, at `at` (whole seconds since the epoch, UTC)."""
+    t = time.gmtime(at)
+    return (f'\n[[schedules]]\nname = "tick"\ntube = "ticks"\n'
+            f'cron = "{t.tm_sec} {t.tm_min} {t.tm_hour} * * *"\nbody = "tick"\n'
+            f"pri = 12\nttr = 30\n")
 POLICIES: dict[str, dict[str, Any]] = {
     "orders": {"max_jobs": 1, "discard_old_when_full": True},
     "reports": {"max_age": 1, "expire_to": "dead"},
@@ -192,6 +210,11 @@ class Model:
         # Format 5: tube -> {"window", "keys_max", "live": {key: id}, "gone": [[key, id, rel]]}
         self.keys: dict[str, dict[str, Any]] = {}
         self.job_keys: dict[int, tuple[str, str]] = {}
+        # Format 6: tube -> [max_reserved, rate, period s, tat (seq, plus seconds) or None];
+        # schedule -> (at ns, last job); job -> why it is held back.
+        self.limits: dict[str, list[Any]] = {}
+        self.schedules: dict[str, tuple[int, int]] = {}
+        self.holds: dict[int, str] = {}
 
     # helpers -----------------------------------------------------------------
 
@@ -393,6 +416,42 @@ class Model:
         j.state, j.reserver, j.deadline = "reserved", client, (seq, j.ttr)
         j.reserves += 1
         self.conns[client].reserved.add(jid)
+        lim = self.limits.get(j.tube)
+        if lim is not None and lim[1]:
+            assert lim[3] is None, "the session reserves from a rate-limited tube once"
+            lim[3] = (seq, lim[2] // lim[1])  # tat = this reserve's time + the interval
+
+    def set_limits(self, tube: str, max_reserved: int, rate: int, period: int) -> None:
+        self._record("limits", tube=tube, max_reserved=max_reserved, rate=rate,
+                     period=period * 10**9)
+        self.limits[tube] = [max_reserved, rate, period, None]
+
+    def requeue_timeout(self, outcomes: list[tuple[int, str]]) -> None:
+        """TTRs ran out and an attempt limit buried the jobs: [(id, reason)]."""
+        self._record("requeue", conn=0, cause=0, pri=0,
+                     outcomes=[[jid, 0, "", why] for jid, why in outcomes])
+        for jid, why in outcomes:
+            j = self.jobs[jid]
+            self._leave(j)
+            j.state = "buried"
+            j.timeouts += 1
+            j.buries += 1
+            self.job_timeouts += 1
+            self.tubes[j.tube].buried.append(jid)
+            self.holds[jid] = why
+
+    def fire(self, name: str, at: int, tube: str, pri: int, ttr: int, body: str) -> int:
+        jid = self.next_job_id
+        seq = self._record("fire", schedule=name, at=at, id=jid, tube=tube, pri=pri, delay=0,
+                           ttr=ttr, body=body)
+        t = self._tube(tube)
+        self.jobs[jid] = MJob(jid, tube, pri, 0, ttr, body, created=seq)
+        self.next_job_id += 1
+        self.total_jobs += 1
+        t.jobs += 1
+        t.total_jobs += 1
+        self.schedules[name] = (at, jid)
+        return jid
 
     def delete(self, client: str, jid: int) -> None:
         seq = self._record("delete", client, id=jid)
@@ -536,6 +595,15 @@ class Model:
                  "gone": [list(g) for g in k["gone"]]}
                 for tube, k in self.keys.items()
             ],
+            "limits": [
+                {"tube": tube, "max_reserved": lim[0], "rate": lim[1],
+                 "period": lim[2] * 10**9, "tat": rel(lim[3]) if lim[3] else 0}
+                for tube, lim in sorted(self.limits.items())
+            ],
+            "schedules": [{"name": n, "at": at, "job": jid}
+                          for n, (at, jid) in sorted(self.schedules.items())],
+            "holds": [{"id": jid, "reason": why} for jid, why in sorted(self.holds.items())
+                      if jid in self.jobs],
         }
 
 
@@ -559,11 +627,11 @@ def wait_until(what: str, pred: Callable[[], bool], timeout: float = 15.0) -> No
 
 
 class Server:
-    def __init__(self, data_dir: Path, log_path: Path):
+    def __init__(self, data_dir: Path, log_path: Path, extra: str = ""):
         self.port = free_port()
         self.log_path = log_path
         config = log_path.with_name("policies.toml")
-        config.write_text(CONFIG)
+        config.write_text(CONFIG + extra)
         cmd = [sys.executable, "-m", "smallstalk", "serve", "-l", "127.0.0.1", "-p",
                str(self.port), "--data-dir", str(data_dir), "--config", str(config),
                "--segment-records", str(SEGMENT_RECORDS), "--compact-interval", "3600",
@@ -730,6 +798,8 @@ def session(data_dir: Path, work: Path) -> Model:
     srv = Server(data_dir, log)
     m.new_epoch(1)  # a fresh data directory: its own history id, before the first Restart
     m.restart()
+    for limits in LIMITS:  # format 6: the configuration's limits, once, after Restart
+        m.set_limits(*limits)
     p1 = Client(m, srv, "P1")
     p1.use("emails")
     p1.put("email-1", pri=100)  # 1
@@ -800,8 +870,14 @@ def session(data_dir: Path, work: Path) -> Model:
         c.close()
 
     # --- run 2 ---------------------------------------------------------------------
-    srv = Server(data_dir, log)
-    m.restart()  # the log already has a history: no second NewEpoch
+    # Format 6: a schedule that fires once, a few seconds into this run (the
+    # server starts well before); nothing else is logged until it has fired.
+    fire_at = int(time.time()) + 8
+    srv = Server(data_dir, log, schedule_config(fire_at))
+    m.restart()  # the log already has a history: no second NewEpoch (nor Limits: unchanged)
+    tick = m.next_job_id
+    wait_until("the schedule to fire", lambda: job_tube(srv, tick) == "ticks", 30.0)
+    m.fire("tick", fire_at * 10**9, "ticks", pri=12, ttr=30, body="tick")
     p2 = Client(m, srv, "P2")
     p2.use("emails")
     p2.put("email-5", pri=1024)  # not urgent (urgent is pri < 1024)
@@ -827,13 +903,26 @@ def session(data_dir: Path, work: Path) -> Model:
     p2.delete(k1)
     assert p2.put_unique("order-41", "keyed-1 retried", pri=9) == k1  # retained key
     p2.put_unique("order-43", "keyed-3", pri=9)
+    p2.use("flaky")  # format 6: an attempt limit buries a job whose TTR ran out (Requeue)
+    flaky = p2.put("flaky-1", pri=11, ttr=1)
+    y2 = Client(m, srv, "Y2")
+    y2.watch("flaky")
+    y2.ignore("default")
+    y2.reserve(expect=flaky)
+    wait_until(f"job {flaky} to be buried", lambda: job_state(srv, flaky) == "buried")
+    m.requeue_timeout([(flaky, FLAKY_REASON)])
+    p2.use("throttled")  # a reserve from a rate-limited tube moves its bucket
+    slow = p2.put("throttled-1", pri=13)
+    y2.watch("throttled")
+    y2.reserve(expect=slow)
+    y2.delete(slow)
     p2.use("emails")
     check_live(srv, m)
-    for c in (p2, w2, v2):  # list-tube-used / list-tubes-watched are not logged
+    for c in (p2, w2, v2, y2):  # list-tube-used / list-tubes-watched are not logged
         view = m.view(c.label)
         assert (c.gs.using(), c.gs.watching()) == (view.use, view.watch), c.label
     srv.stop()
-    for c in (p2, w2, v2):
+    for c in (p2, w2, v2, y2):
         c.close()
     return m
 

@@ -85,6 +85,7 @@ def job(lp: MutationLoop, jid: int, body_limit: int) -> dict[str, Any] | None:
         return None
     stats = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in job_stats(j, lp.now)}
     stats.update((k, v) for k, v in job_key_stats(st.keys, j) if v)  # put-unique's key
+    stats.update(server_stats.job_stats_extended(lp, jid))  # why a policy holds it back
     try:
         body = lp.body_of(j)[:body_limit]
         error = ""

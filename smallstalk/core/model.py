@@ -152,6 +152,30 @@ class Tube:
         return self.unpause_at > now
 
 
+class Limit:
+    """A tube's concurrency and rate limits (from Limits records) and its
+    token bucket, kept as GCRA's one number: `tat`, the time (ns) the bucket
+    is next full-minus-one. A reserve at `now` may take a token while
+    `now >= tat - tolerance`; taking one moves `tat` on by `interval`."""
+
+    __slots__ = ("max_reserved", "rate", "period", "interval", "tolerance", "tat")
+
+    def __init__(self, max_reserved: int, rate: int, period: int, tat: int = 0):
+        self.max_reserved = max_reserved
+        self.rate = rate
+        self.period = period
+        self.interval = period // rate if rate else 0
+        self.tolerance = period - self.interval if rate else 0
+        self.tat = tat
+
+    def token_at(self) -> int:
+        """When the next token is there (ns); any time up to now: one is."""
+        return self.tat - self.tolerance
+
+    def full(self, reserved_n: int) -> bool:
+        return bool(self.max_reserved) and reserved_n >= self.max_reserved
+
+
 class Conn:
     __slots__ = ("id", "use", "watch", "reserved", "logged", "waiting", "wait_deadline")
 

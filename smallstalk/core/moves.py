@@ -22,6 +22,7 @@ from smallstalk.core.model import (
     URGENT_THRESHOLD,
     Conn,
     Job,
+    Limit,
     StateError,
     Tube,
     body_len,
@@ -69,6 +70,13 @@ class Moves:
         self.expires: dict[int, int] = {}
         self.fanout: dict[str, list[str]] = {}  # parent -> fanout tubes, oldest first
         self.keys = KeyIndex()  # idempotency keys (core/keys.py)
+        # Tube policies that are state because the records say so (format 6):
+        # why a job is held back (an attempt limit's reason, "backoff" while
+        # a back-off delay runs); each tube's concurrency and rate limits
+        # with its token bucket; each schedule's last firing (at ns, job id).
+        self.holds: dict[int, str] = {}
+        self.limits: dict[str, Limit] = {}
+        self.schedules: dict[str, tuple[int, int]] = {}
         # One int object per priority or TTR value seen (up to SHARED_INTS):
         # CPython caches only -5..256, so every job with the usual pri 1024
         # held its own 32-byte int (see `share`).
@@ -142,6 +150,8 @@ class Moves:
         else:
             del t.buried[j.id]
             self.buried_n -= 1
+        if self.holds and st != READY and st != RESERVED:
+            self.holds.pop(j.id, None)  # a back-off's end, a kick out of burial
         j.gen += 1  # every heap entry of the old state is now stale
 
     def _enter_ready(self, j: Job) -> None:
@@ -245,6 +255,8 @@ class Moves:
             self.expires.pop(j.id, None)
         if self.keys.of_job:
             self.keys.release(j.id, self.time)
+        if self.holds:
+            self.holds.pop(j.id, None)
         if isinstance(j.body, int) and self.on_body_dropped is not None:
             self.on_body_dropped(j.body)
         return t

@@ -19,6 +19,7 @@ from smallstalk.core.model import (
     SAFETY_MARGIN,
     Conn,
     Job,
+    Limit,
     Tube,
     body_len,
     fanout_parent,
@@ -111,14 +112,49 @@ class Queries:
     def best_ready(self, cid: int, now: int) -> Job | None:
         """The job a reserve by `cid` gets now: lowest (pri, id) in unpaused watched tubes."""
         best = None
+        limits = self.limits
         for name in self.watch_of(cid):
             t = self.tubes[name]
             if not t.ready_n or t.paused(now):
+                continue
+            if limits and name in limits and self._limited(limits[name], t, now):
                 continue
             j = self._top_ready(t)
             if j is not None and (best is None or (j.pri, j.id) < (best.pri, best.id)):
                 best = j
         return best
+
+    @staticmethod
+    def _limited(lim: Limit, t: Tube, now: int) -> bool:
+        """Does the tube's concurrency or rate limit hold its ready jobs back now?"""
+        return lim.full(t.reserved_n) or (lim.rate and now < lim.token_at())
+
+    def held_back(self, jid: int, now: int) -> tuple[str, int | str] | None:
+        """Why a job is not handed out although it exists, in one place:
+        ("exhausted", reason) buried or dead-lettered by an attempt limit,
+        ("backoff", until ns), ("concurrency", the tube's max-reserved),
+        ("rate", when the next token is due, ns), ("paused", until ns); None
+        when nothing holds it back (or it is reserved)."""
+        j = self.jobs.get(jid)
+        if j is None:
+            return None
+        reason = self.holds.get(jid)
+        if j.state == DELAYED:
+            return ("backoff", j.deadline) if reason == "backoff" else None
+        if j.state == BURIED:
+            return ("exhausted", reason) if reason else None
+        if j.state != READY:
+            return None
+        t = j.tube
+        if t.paused(now):
+            return ("paused", t.unpause_at)
+        lim = self.limits.get(t.name)
+        if lim is not None:
+            if lim.full(t.reserved_n):
+                return ("concurrency", lim.max_reserved)
+            if lim.rate and now < lim.token_at():
+                return ("rate", lim.token_at())
+        return ("exhausted", reason) if reason else None
 
     def has_ready(self, cid: int) -> bool:
         """beanstalkd's conn_ready: a watched tube has ready jobs, paused or not."""
@@ -137,9 +173,12 @@ class Queries:
             return None
         best = None
         best_tube = None
+        limits = self.limits
         for name in self.waited:  # (pri, id) is unique: the order of the walk does not matter
             t = self.tubes[name]
             if not t.ready_n or t.paused(now):
+                continue
+            if limits and name in limits and self._limited(limits[name], t, now):
                 continue
             j = self._top_ready(t)
             if j is not None and (best is None or (j.pri, j.id) < (best.pri, best.id)):
@@ -305,6 +344,11 @@ class Queries:
                     self.paused.discard(name)
                 elif t.waiting and t.unpause_at > now:
                     times.append(t.unpause_at)
+            for name, lim in self.limits.items():  # a token due for a waiter
+                t = self.tubes.get(name)
+                if (lim.rate and t is not None and t.waiting and t.ready_n
+                        and not lim.full(t.reserved_n) and lim.token_at() > now):
+                    times.append(lim.token_at())
         return min(times) if times else None
 
     def _wait_top(self) -> int | None:
@@ -373,6 +417,9 @@ class Queries:
         assert self.body_bytes == sum(t.bytes_n for t in self.tubes.values())
         assert self.spilled_bytes == sum(t.spilled_n for t in self.tubes.values())
         assert all(jid in self.jobs for jid in self.expires)
+        assert all(jid in self.jobs for jid in self.holds)
+        assert all(self.jobs[jid].state == DELAYED for jid, why in self.holds.items()
+                   if why == "backoff")
         self.keys.check(self.jobs)
         for parent, children in self.fanout.items():
             assert children and all(fanout_parent(c) == parent for c in children)

@@ -24,8 +24,8 @@ import attrs
 import cbor2
 
 # 2: PutJobs, Expire, DeleteTube; snapshot items for big tubes. 3: `jobs` items. 4: FlushTube.
-# 5: PutUnique, `keys` snapshot items
-FORMAT_VERSION = 5
+# 5: PutUnique, `keys` snapshot items. 6: Requeue, Limits, Fire; `limit`, `schedule`, `hold`
+FORMAT_VERSION = 6
 
 
 @attrs.frozen(slots=True)
@@ -295,6 +295,69 @@ class PutUnique:
     body: bytes
 
 
+@attrs.frozen(slots=True)
+class Requeue:
+    """Reserved jobs going back as their tube's policy decided (format 6).
+
+    `cause` says why they leave their reservation: 0 their TTR ran out (a
+    Timeout that counts a timeout), 1 `conn` released them with priority
+    `pri` (a Release that counts a release), 2 `conn` closed (logged just
+    before its Disconnect). Each outcome is `(id, until, to, reason)`: with no
+    `reason` the job is ready again (`until` 0) or delayed until `until`
+    (ns, back-off); with a `reason` (an attempt limit reached) it is buried
+    (`to` "") or moved, ready, to the dead-letter tube `to`, keeping its id
+    and statistics. One record per decision, so a move is never half done.
+    """
+
+    CODE: ClassVar[int] = 22
+    seq: int
+    time: int
+    conn: int
+    cause: int
+    pri: int
+    outcomes: tuple[tuple[int, int, str, str], ...] = attrs.field(
+        converter=lambda xs: tuple((int(i), int(u), str(t), str(w)) for i, u, t, w in xs))
+
+
+REQUEUE_TIMEOUT, REQUEUE_RELEASE, REQUEUE_DISCONNECT = 0, 1, 2
+
+
+@attrs.frozen(slots=True)
+class Limits:
+    """From here on `tube` holds at most `max_reserved` jobs reserved (0: no
+    limit) and hands out at most `rate` reserves per `period` ns (0: no
+    limit), a token bucket of `rate` tokens kept by the state from the
+    records' times (format 6). Logged when the configuration sets them."""
+
+    CODE: ClassVar[int] = 23
+    seq: int
+    time: int
+    tube: str
+    max_reserved: int
+    rate: int
+    period: int
+
+
+@attrs.frozen(slots=True)
+class Fire:
+    """Schedule `schedule`'s firing due at `at` (ns) happened (format 6):
+    it made job `id` in `tube`, or nothing when `id` is 0 (skipped: the last
+    job still pending, or a firing missed while the server was down). The
+    body is the last field, as in a put."""
+
+    CODE: ClassVar[int] = 24
+    seq: int
+    time: int
+    schedule: str
+    at: int
+    id: int
+    tube: str
+    pri: int
+    delay: int
+    ttr: int
+    body: bytes
+
+
 # --- volatile: applied, never logged --------------------------------------
 
 
@@ -329,11 +392,12 @@ LOGGED_TYPES = (
     Put, Reserve, Delete, Release, Bury, Touch, Kick, Use, Watch, Ignore, PauseTube,
     Disconnect, Promote, Timeout, Restart, NewEpoch, PutJobs, Expire, DeleteTube, FlushTube,
     PutUnique,
+    Requeue, Limits, Fire,
 )
 Record = (
     Put | Reserve | Delete | Release | Bury | Touch | Kick | Use | Watch | Ignore | PauseTube
     | Disconnect | Promote | Timeout | Restart | NewEpoch | PutJobs | Expire | DeleteTube
-    | FlushTube | PutUnique | Connect | WaitStart | WaitStop
+    | FlushTube | PutUnique | Requeue | Limits | Fire | Connect | WaitStart | WaitStop
 )
 
 for _cls in LOGGED_TYPES:
@@ -350,6 +414,7 @@ OP_NAMES: dict[type, str] = {
     Timeout: "timeout", Restart: "restart", NewEpoch: "new-epoch", PutJobs: "put-jobs",
     Expire: "expire", DeleteTube: "delete-tube", FlushTube: "flush-tube",
     PutUnique: "put-unique",
+    Requeue: "requeue", Limits: "limits", Fire: "fire",
 }
 # The records that make jobs from a body (their body is the last field).
 PUT_TYPES = (Put, PutJobs, PutUnique)

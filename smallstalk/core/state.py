@@ -51,6 +51,7 @@ from smallstalk.core.model import (
     URGENT_THRESHOLD,
     ZERO_COUNTS,
     Job,
+    Limit,
     StateError,
     body_len,
     fanout_parent,
@@ -82,7 +83,9 @@ class State(Moves, Queries):
             r.Promote: self._promote, r.Timeout: self._timeout, r.Restart: self._restart,
             r.NewEpoch: self._new_epoch, r.PutJobs: self._put_jobs, r.Expire: self._expire,
             r.DeleteTube: self._delete_tube, r.FlushTube: self._flush_tube,
-            r.PutUnique: self._put_unique, r.Connect: self._connect, r.WaitStart: self._wait_start, r.WaitStop: self._wait_stop,
+            r.PutUnique: self._put_unique,
+            r.Requeue: self._requeue, r.Limits: self._limits, r.Fire: self._fire,
+            r.Connect: self._connect, r.WaitStart: self._wait_start, r.WaitStop: self._wait_stop,
         }
 
     def apply(self, rec: r.Record) -> None:
@@ -269,6 +272,61 @@ class State(Moves, Queries):
         self._leave(j)
         j.reserves += 1
         self.enter_reserved(j, c, rec.time + j.ttr * NS)
+        if self.limits:
+            lim = self.limits.get(j.tube.name)
+            if lim is not None and lim.rate:
+                lim.tat = max(lim.tat, rec.time) + lim.interval
+
+    def _requeue(self, rec: r.Requeue) -> None:
+        cause = rec.cause
+        if cause not in (r.REQUEUE_TIMEOUT, r.REQUEUE_RELEASE, r.REQUEUE_DISCONNECT):
+            raise StateError(f"unknown requeue cause {cause}")
+        if cause != r.REQUEUE_TIMEOUT:
+            self._conn(rec.conn)
+        for jid, until, to, reason in rec.outcomes:
+            j = self._job(jid)
+            if j.state != RESERVED or (cause != r.REQUEUE_TIMEOUT and j.reserver != rec.conn):
+                raise StateError(f"job {jid} is not reserved by connection {rec.conn}")
+            self._leave(j)
+            if cause == r.REQUEUE_TIMEOUT:
+                j.timeouts += 1
+                self.job_timeouts += 1
+            elif cause == r.REQUEUE_RELEASE:
+                j.pri = rec.pri
+                j.releases += 1
+            if not reason:
+                if until:
+                    self.enter_delayed(j, until)
+                    self.holds[jid] = "backoff"
+                else:
+                    self._enter_ready(j)
+                continue
+            self.holds[jid] = reason
+            if not to:
+                j.buries += 1
+                self.enter_buried(j)
+                continue
+            old = self._depart(j)
+            self._arrive(j, self.add_tube(to))
+            self._enter_ready(j)
+            self._maybe_drop(old)
+
+    def _limits(self, rec: r.Limits) -> None:
+        if rec.rate < 0 or rec.max_reserved < 0 or (rec.rate and rec.period <= 0):
+            raise StateError(f"bad limits for tube {rec.tube!r}")
+        old = self.limits.pop(rec.tube, None)
+        if rec.max_reserved or rec.rate:
+            tat = old.tat if old is not None and old.rate else 0
+            self.limits[rec.tube] = Limit(rec.max_reserved, rec.rate, rec.period, tat)
+
+    def _fire(self, rec: r.Fire) -> None:
+        last = self.schedules.get(rec.schedule)
+        if last is not None and rec.at <= last[0]:
+            raise StateError(f"schedule {rec.schedule!r} fired at {rec.at} after {last[0]}")
+        # A skipped firing keeps the last job made: skip-if-pending asks after it.
+        self.schedules[rec.schedule] = (rec.at, rec.id or (last[1] if last else 0))
+        if rec.id:
+            self._new_job(rec.id, rec.tube, rec, rec.body, 0)
 
     def _delete(self, rec: r.Delete) -> None:
         j = self._job(rec.id)

@@ -47,8 +47,10 @@ def job_ids(rec: records.Record) -> tuple[int, ...]:
     """The jobs a record names (a put-jobs: the jobs it makes, then those it discards)."""
     jid = getattr(rec, "id", None)
     if jid is not None:
-        return (jid,)
+        return (jid,) if jid else ()  # a Fire that made no job names none
     t = type(rec)
+    if t is r.Requeue:
+        return tuple(m[0] for m in rec.outcomes)
     if t is r.PutJobs or t is r.PutUnique:
         return (*(i for i, _tube in rec.jobs), *rec.dropped)
     if t is r.Expire:
@@ -110,6 +112,20 @@ def details(rec: records.Record) -> str:
                                     if to else "deleted") for i, to, expires in rec.moves)
     if t is r.DeleteTube:
         return f"tube {rec.tube}  (no more fanout copies)"
+    if t is r.Requeue:
+        cause = ("timeout", "release", "disconnect")[rec.cause] if 0 <= rec.cause < 3 else "?"
+        pri = f"  pri {rec.pri}" if rec.cause == r.REQUEUE_RELEASE else ""
+        return f"{cause}{pri}  " + "  ".join(
+            f"{i} " + (f"{why}: moved to {to}" if why and to else f"{why}: buried" if why
+                       else f"delayed until {expiry(until, rec.time)}" if until else "ready")
+            for i, until, to, why in rec.outcomes)
+    if t is r.Limits:
+        rate = f"{rec.rate} per {rec.period / 1e9:g}s" if rec.rate else "none"
+        return f"tube {rec.tube}  max-reserved {rec.max_reserved or 'none'}  rate {rate}"
+    if t is r.Fire:
+        made = (f"tube {rec.tube}  pri {rec.pri}  ttr {rec.ttr}s  body {preview(rec.body)}"
+                if rec.id else "skipped")
+        return f"schedule {rec.schedule}  due {Clock(utc=True).fmt(rec.at)}  {made}"
     # Any other record: its own fields (those not in the columns), by name.
     return "  ".join(f"{name} {getattr(rec, name)}" for name in records.FIELDS.get(t, ())
                      if name not in _IN_COLUMNS)
@@ -154,6 +170,17 @@ class TubeOfJobs:
             for jid, tube in rec.jobs:
                 self.tubes[jid] = tube
                 hit = hit or tube in wanted
+            return hit
+        if t is r.Fire:
+            if rec.id:
+                self.tubes[rec.id] = rec.tube
+            return rec.tube in wanted
+        if t is r.Requeue:
+            hit = False
+            for jid, _until, to, _why in rec.outcomes:
+                hit = hit or self.tubes.get(jid) in wanted or to in wanted
+                if to:
+                    self.tubes[jid] = to
             return hit
         if t is r.Expire:
             hit = False

@@ -155,6 +155,20 @@ class _JobTracker:
                 self.step(rec, "timeout", "ready", f"TTR{ttr} ran out{who}", holder, held)
         elif t is r.PutJobs or t is r.PutUnique:
             self._put_jobs(rec)
+        elif t is r.Requeue:
+            for i, until, to, reason in rec.outcomes:
+                if i == jid:
+                    self._requeue(rec, until, to, reason)
+        elif t is r.Fire:
+            if rec.id == jid and jid:
+                self.ttr = max(rec.ttr, 1)
+                self.tube = rec.tube
+                self.h.tube, self.h.put_seq, self.h.complete, self.h.alive = (
+                    rec.tube, rec.seq, True, True)
+                self.step(rec, "put", "delayed" if rec.delay else "ready",
+                          f"put by schedule {rec.schedule} (its firing due at "
+                          f"{Clock(utc=True).fmt(rec.at)}) into {rec.tube}: pri {rec.pri}, "
+                          f"ttr {rec.ttr}s, body {preview(rec.body)}")
         elif t is r.Expire:
             for i, to, expires in rec.moves:
                 if i == jid:
@@ -212,6 +226,32 @@ class _JobTracker:
         self.step(rec, "put", "delayed" if rec.delay else "ready",
                   f"put by conn {rec.conn}{made}: pri {rec.pri}, delay {rec.delay}s, "
                   f"ttr {rec.ttr}s{expires}, body {preview(rec.body)}{dropped}", rec.conn)
+
+    def _requeue(self, rec: r.Requeue, until: int, to: str, reason: str) -> None:
+        """A reservation that ended as the tube's policy decided (Requeue)."""
+        holder = self.holder
+        if rec.cause == r.REQUEUE_TIMEOUT:
+            event, how = "timeout", "timed out"
+            ttr = f" ({self.ttr}s)" if self.ttr else ""
+            what = f"TTR{ttr} ran out" + (f": conn {holder} lost it" if holder is not None else "")
+        elif rec.cause == r.REQUEUE_RELEASE:
+            event, how = "release", "released"
+            what = f"released by conn {rec.conn}: pri {rec.pri}"
+        else:
+            event, how = "disconnect", "ended by disconnect"
+            what = f"conn {rec.conn} disconnected while holding it"
+        held = self.end_reservation(rec, how)
+        if reason and to:
+            self.h.moved_to.append(to)
+            self.tube = to
+            self.step(rec, event, "ready", f"{what}; {reason}: moved to {to}", holder, held)
+        elif reason:
+            self.step(rec, event, "buried", f"{what}; {reason}: buried", holder, held)
+        elif until:
+            self.step(rec, event, "delayed",
+                      f"{what}; backing off until {expiry(until, rec.time)}", holder, held)
+        else:
+            self.step(rec, event, "ready", what, holder, held)
 
     def _expire(self, rec: r.Expire, to: str, expires: int) -> None:
         where = f" in {self.tube}" if self.tube else ""

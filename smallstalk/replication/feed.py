@@ -228,6 +228,7 @@ def promote(lp: MutationLoop, epoch: int | None = None, lease_until: float = mat
             if s.view_use != lp.state.use_of(s.id):
                 lp.log(r.Use, s.id, s.view_use)
             s.view_use = None
+    lp.sync_limits()  # this server's configuration from now on
     log.info("promoted to primary, epoch %d", epoch)
     return epoch
 

@@ -206,6 +206,8 @@ class GroupCommit:
             top = rec.id
         elif (kind is r.PutJobs or kind is r.PutUnique) and rec.jobs:
             top = rec.jobs[-1][0]
+        elif kind is r.Fire and rec.id:
+            top = rec.id
         else:
             if kind is r.Kick:
                 self.kick_seq = rec.seq

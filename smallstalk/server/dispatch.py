@@ -20,6 +20,7 @@ from smallstalk.core import records as r
 from smallstalk.core.model import STATE_BY_NAME
 from smallstalk.core.state import BURIED, DELAYED, NS, READY, RESERVED, State, body_len
 from smallstalk.core.stats import job_key_stats, job_stats, tube_stats
+from smallstalk.server import holdback
 from smallstalk.server import stats as server_stats
 from smallstalk.server.admin import AUTH_FAIL_DELAY, AdminPolicy, token_matches
 from smallstalk.server.policy import Policies, TubePolicy, render
@@ -237,9 +238,13 @@ def _reserved_by(lp: Loop, s: Session, job_id: int):
 
 def release(lp: Loop, s: Session, cmd: p.Release):
     lp.count("cmd-release")
-    if _reserved_by(lp, s, cmd.id) is None:
+    job = _reserved_by(lp, s, cmd.id)
+    if job is None:
         return p.NOT_FOUND
-    lp.log(r.Release, s.id, cmd.id, cmd.pri, cmd.delay)
+    # Back-off or an attempt limit may decide where the job goes; the worker
+    # is told RELEASED either way (its release was taken).
+    if not holdback.release(lp, s.id, job, cmd.pri, cmd.delay):
+        lp.log(r.Release, s.id, cmd.id, cmd.pri, cmd.delay)
     return p.RELEASED
 
 
@@ -340,6 +345,7 @@ def stats_job(lp: Loop, s: Session, cmd: p.StatsJob):
     pairs = job_stats(job, lp.now)
     if lp.extended_stats:
         pairs += job_key_stats(lp.state.keys, job)
+        pairs += server_stats.job_stats_extended(lp, job.id)
     return p.yaml_dict(pairs)
 
 

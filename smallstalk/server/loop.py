@@ -38,7 +38,7 @@ import trio
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import State
-from smallstalk.server import dispatch, timers
+from smallstalk.server import dispatch, holdback, timers
 from smallstalk.server.admin import AdminPolicy
 from smallstalk.server.commit import GroupCommit, Unavailable
 from smallstalk.server.policy import ConfigError, Policies, load_policies
@@ -138,6 +138,9 @@ class MutationLoop:
         self.ha = None  # replication.ha.HAMember under --ha-etcd (cli.py; the console reads it)
         # Per-tube policy (limits, expiry, fanout): configuration, reloadable.
         self.policies = Policies()
+        # When this server first loaded each schedule (ns): a schedule that
+        # never fired fires first after that (schedules.py).
+        self.schedules_loaded: dict[str, int] = {}
         self.config_path: Path | None = None
         self.bodies = None  # the read-behind body store (bodies.py), when there is a budget
         self.commit = GroupCommit(self, journal, self.feeds, min_replica_acks,
@@ -211,19 +214,38 @@ class MutationLoop:
         if self.config_path is None:
             return "no configuration file (start with --config FILE)"
         try:
-            self.policies = load_policies(self.config_path)
+            policies = load_policies(self.config_path)
         except ConfigError as e:
             log.error("configuration not reloaded: %s", e)
             return str(e)
+        self.set_policies(policies)
         log.info("tube policies reloaded from %s", self.config_path)
         return None
+
+    def set_policies(self, policies: Policies, sync: bool = True) -> None:
+        """Decide by `policies` from now on; with `sync`, log the Limits
+        records that carry their concurrency and rate limits into the state
+        (a replica logs none: its primary's records carry them)."""
+        self.policies = policies
+        for sched in policies.schedules:
+            self.schedules_loaded.setdefault(sched.name, self.now)
+        if sync:
+            self.sync_limits()
+
+    def sync_limits(self) -> None:
+        """The Limits records that make the state's limits the configuration's."""
+        try:
+            holdback.sync_limits(self)
+        except Unavailable:
+            log.error("tube limits not logged (the disk is failing): they apply once it works")
 
     def configure(self, *, policies: Policies, config_path: Path | None, admin: AdminPolicy,
                   extended_stats: bool, replication: Replication | None,
                   ha: object | None = None) -> None:
-        """The settings cli.py starts the loop with (before its first turn);
+        """The settings cli.py starts the loop with (before its first turn):
+        the policies' Limits records are logged after the Restart record.
         `ha`: the HA member (replication/ha.py) under --ha-etcd."""
-        self.policies = policies
+        self.set_policies(policies, sync=False)
         self.config_path = config_path
         self.admin = admin
         self.extended_stats = extended_stats
@@ -699,6 +721,7 @@ class MutationLoop:
             self.volatile(r.WaitStop, s.id)
         if self.state.conn_logged(s.id) and not self.read_only:
             try:
+                holdback.before_disconnect(self, s.id)
                 self.log(r.Disconnect, s.id)
                 return
             except Unavailable:

@@ -43,7 +43,7 @@ from smallstalk.core import records as r
 from smallstalk.core.model import fanout_parent
 from smallstalk.core.parser import U32_MAX
 from smallstalk.core.state import NS, Job, State
-from smallstalk.server import dispatch
+from smallstalk.server import dispatch, holdback
 from smallstalk.server.commit import Unavailable
 from smallstalk.storage.bodies import BodyError
 
@@ -209,7 +209,8 @@ def mc_get(lp: dispatch.Loop, s: Session, cmd: m.McGet):
     try:
         held = open_read(st, s.id, cmd.queue)
         if cmd.abort:
-            if held is not None:
+            # An abort is a release: a tube's back-off and attempt limits apply.
+            if held is not None and not holdback.release(lp, s.id, held, held.pri, 0):
                 lp.log(r.Release, s.id, held.id, held.pri, 0)
             return m.END
         if cmd.close and held is not None:

@@ -21,12 +21,15 @@ from typing import Any
 
 import attrs
 
+from smallstalk.server import schedules as _schedules
+
 DEFAULT = "default"
-TOP_LEVEL = ("server", "tubes", "ha")  # the file's tables: [server] and [ha] are config.py's
+TOP_LEVEL = ("server", "tubes", "schedules", "ha")  # [server] and [ha] are config.py's
 
 
-class ConfigError(Exception):
-    """A configuration file that cannot be used; the message names file and key."""
+# A configuration file that cannot be used; the message names file and key.
+# Defined with the schedules' parser, which raises it too (schedules.py).
+ConfigError = _schedules.ConfigError
 
 
 @attrs.frozen
@@ -42,19 +45,51 @@ class TubePolicy:
     unique: str = ""  # "body": every put is deduplicated by its body's digest
     unique_for: int = 3600  # seconds a key outlives its job (core/keys.py)
     unique_keys_max: int = 100_000  # keys of gone jobs a tube retains at most
+    # Attempt limits and back-off (server/holdback.py decides, Requeue records carry it).
+    max_reserves: int = 0  # a job reserved this often is not made ready again; 0 = no limit
+    max_timeouts: int = 0  # ...nor one whose TTR ran out this often
+    on_exhausted: str = ""  # "bury" (the default with a limit) or "dead-letter"
+    dead_letter: str = ""  # the tube an exhausted job moves to
+    timeout_backoff: tuple[int, int] = (0, 0)  # (base, cap) seconds; (0, 0) = ready at once
+    release_backoff: tuple[int, int] = (0, 0)  # the same for a release without a delay
+    # Concurrency and rate (Limits records carry them into the state).
+    max_reserved: int = 0  # jobs of the tube reserved at once; 0 = no limit
+    max_rate: tuple[int, int] = (0, 0)  # (reserves, per seconds); (0, 0) = no limit
     # No limit, expiry or fanout-only: a put needs no decision (the hot path).
     plain: bool = attrs.field(init=False, eq=False, repr=False)
     # No limit, expiry or fanout-only, whatever `unique`: a put-unique's hot path.
     unlimited: bool = attrs.field(init=False, eq=False, repr=False)
+    # An attempt limit or a back-off: a reservation's end needs a decision.
+    holds_back: bool = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "unlimited", not (
             self.max_jobs or self.max_bytes or self.max_job_size or self.max_age
             or self.fanout_only))
         object.__setattr__(self, "plain", self.unlimited and not self.unique)
+        object.__setattr__(self, "holds_back", bool(
+            self.max_reserves or self.max_timeouts or self.timeout_backoff[0]
+            or self.release_backoff[0]))
 
     def as_toml_dict(self) -> dict[str, Any]:
-        return {key: getattr(self, attr) for key, (attr, _kind) in TUBE_KEYS.items()}
+        return {key: _shown(kind, getattr(self, attr))
+                for key, (attr, kind) in TUBE_KEYS.items()}
+
+    def exhausted_to(self) -> str | None:
+        """Where a job that reached an attempt limit goes: "" buried, a tube
+        name (dead-letter), None when the tube has no attempt limit."""
+        if not (self.max_reserves or self.max_timeouts):
+            return None
+        return self.dead_letter if self.on_exhausted == "dead-letter" else ""
+
+
+def _shown(kind: str, value: Any) -> Any:
+    """A setting as the TOML file would spell it (config dump, `config`)."""
+    if kind == "backoff":
+        return f"{value[0]}s..{value[1]}s" if value[0] else ""
+    if kind == "rate":
+        return f"{value[0]}/{_PER_NAME[value[1]]}" if value[0] else ""
+    return value
 
 
 # TOML key -> (attribute, kind)
@@ -70,8 +105,20 @@ TUBE_KEYS: dict[str, tuple[str, str]] = {
     "unique": ("unique", "unique"),
     "unique-for": ("unique_for", "duration"),
     "unique-keys-max": ("unique_keys_max", "count"),
+    "max-reserves": ("max_reserves", "count"),
+    "max-timeouts": ("max_timeouts", "count"),
+    "on-exhausted": ("on_exhausted", "exhausted"),
+    "dead-letter": ("dead_letter", "tube"),
+    "timeout-backoff": ("timeout_backoff", "backoff"),
+    "release-backoff": ("release_backoff", "backoff"),
+    "max-reserved": ("max_reserved", "count"),
+    "max-rate": ("max_rate", "rate"),
 }
 UNIQUE_MODES = ("", "body")
+_PER = {"s": 1, "m": 60, "h": 3600}
+_PER_NAME = {v: k for k, v in _PER.items()}
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
+_BACKOFF = re.compile(r"^\s*([^.]+?)\s*\.\.\s*([^.]+?)\s*$")
 
 
 @attrs.frozen
@@ -80,6 +127,7 @@ class Policies:
 
     default: TubePolicy = TubePolicy()
     tubes: Mapping[str, TubePolicy] = attrs.field(factory=dict)
+    schedules: tuple = ()  # schedules.Schedule, in file order
     # Asked on every put (may its body go to disk?): worked out once.
     _memory_budgets: bool = attrs.field(init=False, eq=False, repr=False)
 
@@ -150,6 +198,25 @@ def _value(kind: str, value: object, where: str) -> object:
         if value not in UNIQUE_MODES:
             raise ConfigError(f'{where}: expected "body" (or "" for none), got {value!r}')
         return value
+    if kind == "exhausted":
+        if value not in ("bury", "dead-letter"):
+            raise ConfigError(f'{where}: expected "bury" or "dead-letter", got {value!r}')
+        return value
+    if kind == "backoff":
+        m = _BACKOFF.match(value) if isinstance(value, str) else None
+        if not m:
+            raise ConfigError(f'{where}: expected a base and a cap like "5s..10m", got {value!r}')
+        base = parse_duration(m.group(1), where)
+        cap = parse_duration(m.group(2), where)
+        if not 0 < base <= cap:
+            raise ConfigError(f"{where}: the base must be at least 1s and at most the cap")
+        return (base, cap)
+    if kind == "rate":
+        m = _RATE.match(value) if isinstance(value, str) else None
+        if not m or int(m.group(1)) < 1:
+            raise ConfigError(f'{where}: expected reserves per period like "100/s" (or /m, /h), '
+                              f"got {value!r}")
+        return (int(m.group(1)), _PER[m.group(2)])
     if not isinstance(value, str) or (value and not TUBE_NAME.match(value)):
         raise ConfigError(f"{where}: expected a tube name, got {value!r}")
     return value
@@ -181,6 +248,10 @@ def policies_from(doc: Mapping[str, Any], source: str = "config") -> Policies:
     if not isinstance(tubes, dict):
         raise ConfigError(f"{source}: `tubes` must be a table")
     default = _policy(TubePolicy(), tubes.get(DEFAULT, {}), f"{source}: tubes.{DEFAULT}")
+    for key in ("max-reserved", "max-rate"):
+        if key in tubes.get(DEFAULT, {}):
+            raise ConfigError(f"{source}: tubes.{DEFAULT}.{key}: a limit for every tube at "
+                              f"once is not supported: set it in each [tubes.NAME]")
     named = {}
     for name, table in tubes.items():
         if name == DEFAULT:
@@ -188,10 +259,25 @@ def policies_from(doc: Mapping[str, Any], source: str = "config") -> Policies:
         if not TUBE_NAME.match(name):
             raise ConfigError(f"{source}: tubes.{name!r}: not a valid tube name")
         named[name] = _policy(default, table, f"{source}: tubes.{name}")
+    def settled(pol: TubePolicy) -> TubePolicy:
+        # `dead-letter = "tube"` alone means on-exhausted = "dead-letter".
+        if pol.dead_letter and not pol.on_exhausted:
+            return attrs.evolve(pol, on_exhausted="dead-letter")
+        return pol
+
+    default = settled(default)
+    named = {name: settled(pol) for name, pol in named.items()}
     for name, pol in [(DEFAULT, default), *named.items()]:
         if pol.expire_to == name:
             raise ConfigError(f"{source}: tubes.{name}.expire-to: a tube cannot expire into itself")
-    return Policies(default, named)
+        if pol.dead_letter == name:
+            raise ConfigError(f"{source}: tubes.{name}.dead-letter: a tube cannot dead-letter "
+                              "into itself")
+        if pol.on_exhausted == "dead-letter" and not pol.dead_letter:
+            raise ConfigError(f'{source}: tubes.{name}.on-exhausted: "dead-letter" needs '
+                              '`dead-letter = "<tube>"`')
+    return Policies(default, named,
+                    _schedules.schedules_from(doc.get("schedules", []), source, TUBE_NAME))
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -210,6 +296,11 @@ def load_policies(path: Path) -> Policies:
     return policies_from(read_toml(path), str(path))
 
 
+# The attempt, back-off, concurrency and rate settings: listed only when set.
+_SHOWN_WHEN_SET = ("max-reserves", "max-timeouts", "on-exhausted", "dead-letter",
+                   "timeout-backoff", "release-backoff", "max-reserved", "max-rate")
+
+
 def render(rows: list[tuple[str, TubePolicy]]) -> bytes:
     """The effective settings as YAML (the `config` command and `config dump`)."""
     out = ["---"]
@@ -218,6 +309,8 @@ def render(rows: list[tuple[str, TubePolicy]]) -> bytes:
         for key, value in pol.as_toml_dict().items():
             if isinstance(value, bool):
                 text = "true" if value else "false"
+            elif not value and key in _SHOWN_WHEN_SET:
+                continue
             elif isinstance(value, str):
                 text = f'"{value}"'
             else:

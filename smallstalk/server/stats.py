@@ -13,6 +13,7 @@ from typing import Protocol
 from smallstalk import __version__
 from smallstalk.core.state import NS, State
 from smallstalk.core.stats import tube_key_stats, tube_stats_ext
+from smallstalk.server import holdback
 from smallstalk.server.session import OUT_BOUND, Session
 from smallstalk.storage.journal import Journal
 
@@ -48,11 +49,43 @@ def tube_stats_extended(lp: Observed, name: str) -> list[tuple[str, object]]:
     """smallstalk's own keys of a tube (`ext-stats-tube`; `stats-tube` too
     under --extended-stats); the tube exists."""
     counters = lp.tube_counters.get(name, {})
-    return tube_stats_ext(lp.state.tubes[name]) + [
+    st = lp.state
+    t = st.tubes[name]
+    lim = st.limits.get(name)
+    held = ""
+    if lim is not None and lim.full(t.reserved_n):
+        held = f"at its concurrency limit (max-reserved {lim.max_reserved})"
+    elif lim is not None and lim.rate and lp.now < lim.token_at():
+        held = "out of rate tokens"
+    return tube_stats_ext(t) + [
         ("puts-refused", counters.get("puts-refused", 0)),
-        ("fanout-tubes", len(lp.state.fanout.get(name, ()))),
+        ("fanout-tubes", len(st.fanout.get(name, ()))),
         ("puts-deduplicated", counters.get("puts-deduplicated", 0)),
-    ] + tube_key_stats(lp.state.keys, name)
+    ] + tube_key_stats(st.keys, name) + [
+        ("max-reserved", lim.max_reserved if lim is not None else 0),
+        ("max-rate", lim.rate if lim is not None else 0),
+        ("max-rate-period", lim.period // NS if lim is not None else 0),
+        ("rate-tokens", _tokens(lim, lp.now)),
+        ("held-back", held),
+    ] + [(key, counters.get(key, 0)) for key in HOLD_COUNTERS]
+
+
+# What the tube policies that hold jobs back did, per tube (holdback.py, schedules.py).
+HOLD_COUNTERS = ("jobs-exhausted", "jobs-dead-lettered", "jobs-backed-off",
+                 "schedule-firings", "schedule-skips")
+
+
+def _tokens(lim, now: int) -> int:
+    """Whole tokens in a rate-limited tube's bucket now (0 without a rate)."""
+    if lim is None or not lim.rate:
+        return 0
+    return max(0, min(lim.rate, (now - lim.token_at()) // lim.interval + 1))
+
+
+def job_stats_extended(lp: Observed, jid: int) -> list[tuple[str, object]]:
+    """smallstalk's own keys of a job (`stats-job` under --extended-stats, the
+    console): why a policy holds it back, "" when none does."""
+    return [("held-back", holdback.reason_text(lp.state, jid, lp.now))]
 
 
 

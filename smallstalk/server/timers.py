@@ -1,9 +1,10 @@
 """The mutation loop's timers: what happens because time passed, and when to look again.
 
-Called by the loop (loop.py) once per turn, after the turn's commands: delayed
-jobs whose time came (`Promote`), reservations whose TTR ran out (`Timeout`),
-jobs past their max-age (`Expire`), and waiting reserves to grant, to time
-out, or to warn with DEADLINE_SOON. See docs/ARCHITECTURE.md.
+Called by the loop (loop.py) once per turn, after the turn's commands: schedules
+whose time came (`Fire`), delayed jobs whose time came (`Promote`),
+reservations whose TTR ran out (`Timeout`, or `Requeue` where an attempt
+limit or back-off decides: holdback.py), jobs past their max-age (`Expire`),
+and waiting reserves to grant, to time out, or to warn with DEADLINE_SOON. See docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import trio
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import NS, State
+from smallstalk.server import holdback, schedules
 from smallstalk.server.commit import GroupCommit, Unavailable
 from smallstalk.server.policy import Policies
 from smallstalk.server.session import Session
@@ -32,7 +34,14 @@ class Loop(Protocol):
     deferred: list  # heap of (trio time due, session id, session, reply)
     read_only: str | None
     now: int
+    started_at: int
     clock: Callable[[], int]
+    schedules_loaded: dict[str, int]  # schedule -> when this server first loaded it (ns)
+    max_job_size: int
+
+    def take_job_id(self) -> int: ...
+
+    def count_tube(self, tube: str, name: str) -> None: ...
 
     def log(self, cls: type, *fields) -> r.Record: ...
 
@@ -54,6 +63,12 @@ def run(lp: Loop) -> None:
         return
     st = lp.state
     now = lp.now
+    scheduled = lp.policies.schedules
+    if scheduled and schedules.next_due(st, scheduled, lp.schedules_loaded) <= now:
+        try:
+            schedules.fire_due(lp, now)
+        except Unavailable:
+            return
     if not st.might_be_due(now) and not st.waiters_maybe_due(now):
         return  # the common turn: no heap's first entry is due, no wait ends
     try:
@@ -62,7 +77,7 @@ def run(lp: Loop) -> None:
             lp.log(r.Promote, due)
         due = st.due_timeouts(now)
         if due:
-            lp.log(r.Timeout, due)
+            holdback.log_timeouts(lp, due)
         due = st.due_expiries(now)
         if due:
             lp.log(r.Expire, expiry_moves(st, lp.policies, due, now))
@@ -106,10 +121,15 @@ def seconds_to_next_deadline(lp: Loop) -> float | None:
     puts and deletes make no timer): every timer source is listed in the
     first test, so a new one is added there and below, side by side."""
     st, c = lp.state, lp.commit
+    scheduled = lp.policies.schedules
     if not (st.delay_heap or st.ttr_heap or st.expiry_heap or st.waiting_n or lp.deferred
-            or c.has_timers()):
+            or c.has_timers() or scheduled):
         return None
     wait = _seconds_to_state_deadline(lp)
+    if scheduled and not lp.read_only:
+        left = max((schedules.next_due(st, scheduled, lp.schedules_loaded) - lp.clock()) / NS,
+                   0.0)
+        wait = left if wait is None else min(wait, left)
     left = c.seconds_to_deadline()  # replies held for replicas, a lazy fsync
     if left is not None:
         wait = left if wait is None else min(wait, left)

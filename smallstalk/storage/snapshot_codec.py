@@ -19,6 +19,7 @@ from smallstalk.core.model import (
     ZERO_COUNTS,
     Conn,
     Job,
+    Limit,
     StateError,
     Tube,
     body_len,
@@ -46,6 +47,12 @@ def dump(state: State) -> Iterator[list]:
     for children in state.fanout.values():
         for child in children:
             yield ["fanout", child]
+    for name in sorted(state.limits):
+        lim = state.limits[name]
+        yield ["limit", name, lim.max_reserved, lim.rate, lim.period, lim.tat]
+    for name in sorted(state.schedules):
+        at, jid = state.schedules[name]
+        yield ["schedule", name, at, jid]
     for cid in sorted(state.conns):
         c = state.conns[cid]
         if c.logged:
@@ -58,6 +65,8 @@ def dump(state: State) -> Iterator[list]:
         for j in state.tubes[name].buried.values():
             yield _job_item(state, j)
     yield from _keys_items(state)
+    for jid in sorted(state.holds):
+        yield ["hold", jid, state.holds[jid]]
 
 
 KEYS_PER_ITEM = 1024  # live plus retained keys in one `keys` item (a frame stays small)
@@ -239,6 +248,15 @@ def load(items: Iterable[list]) -> State:
             s.tubes[use].using_n += 1
             for name in watch:
                 s.tubes[name].watching_n += 1
+        elif kind == "limit":
+            _, name, max_reserved, rate, period, tat = item
+            s.limits[name] = Limit(max_reserved, rate, period, tat)
+        elif kind == "schedule":
+            s.schedules[item[1]] = (item[2], item[3])
+        elif kind == "hold":
+            if item[1] not in jobs:
+                raise StateError(f"hold item for job {item[1]}, which is not in the snapshot")
+            s.holds[item[1]] = item[2]
         elif kind == "epoch":
             if s.epochs and item[1] <= s.epochs[-1][0]:
                 raise StateError(f"epoch {item[1]} does not follow {s.epochs[-1][0]}")

@@ -170,9 +170,10 @@ ANNOTATIONS = {  # attrs annotation -> README types it may be documented as
     "int | None": {"uint|null", "int|null"},
     "tuple[tuple[int, str], ...]": {"(uint,text)[]"},
     "tuple[tuple[int, str, int], ...]": {"(uint,text,int)[]"},
+    "tuple[tuple[int, int, str, str], ...]": {"(uint,int,text,text)[]"},
 }
 UNITS = {"time": "ns", "deadline": "ns", "delay": "s", "ttr": "s", "expires": "ns",
-         "unique_for": "s"}
+         "unique_for": "s", "period": "ns", "at": "ns"}
 
 
 def check_fields(cls: type, documented: list[tuple[str, str, str | None]]) -> None:
@@ -253,6 +254,10 @@ TYPE_CHECKS = {
     "(text,uint)[]": lambda v: isinstance(v, list) and all(
         isinstance(x, list) and len(x) == 2 and isinstance(x[0], str)
         and TYPE_CHECKS["uint"](x[1]) for x in v),
+    "(uint,int,text,text)[]": lambda v: isinstance(v, list) and all(
+        isinstance(x, list) and len(x) == 4 and TYPE_CHECKS["uint"](x[0])
+        and isinstance(x[1], int) and isinstance(x[2], str) and isinstance(x[3], str)
+        for x in v),
     "(text,uint,int)[]": lambda v: isinstance(v, list) and all(
         isinstance(x, list) and len(x) == 3 and isinstance(x[0], str)
         and TYPE_CHECKS["uint"](x[1]) and isinstance(x[2], int) for x in v),
@@ -586,6 +591,18 @@ def check_items(fx: Fixture, items: list[dict[str, Any]], exp: dict[str, Any]) -
             assert j["expires"] == fx.expires(want), want["id"]
     if fx.version >= 5:
         assert keys_of_items(by_kind.get("keys", [])) == expected_keys(fx, exp)
+    if fx.version >= 6:
+        assert [{k: v for k, v in x.items() if k != "kind"} for x in by_kind.get("limit", [])] \
+            == expected_limits(fx, exp)
+        assert [{k: v for k, v in x.items() if k != "kind"}
+                for x in by_kind.get("schedule", [])] == exp["schedules"]
+        assert [{k: v for k, v in x.items() if k != "kind"} for x in by_kind.get("hold", [])] \
+            == exp["holds"]
+
+
+def expected_limits(fx: Fixture, exp: dict[str, Any]) -> list[dict[str, Any]]:
+    """Format 6: expected.json's limits, the bucket's tat made absolute."""
+    return [{**x, "tat": fx.at(x["tat"]) if x["tat"] else 0} for x in exp.get("limits", [])]
 
 
 def keys_of_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -659,6 +676,14 @@ def check_state(fx: Fixture, state: st.State, exp: dict[str, Any]) -> None:
                  "window": k.window, "keys_max": k.keys_max, "dropped_n": k.dropped_n}
                 for tube, k in state.keys.tubes.items()]
     assert got_keys == expected_keys(fx, exp)
+    if fx.version >= 6:
+        assert [{"tube": t, "max_reserved": x.max_reserved, "rate": x.rate,
+                 "period": x.period, "tat": x.tat}
+                for t, x in sorted(state.limits.items())] == expected_limits(fx, exp)
+        assert [{"name": n, "at": at, "job": jid}
+                for n, (at, jid) in sorted(state.schedules.items())] == exp["schedules"]
+        assert [{"id": i, "reason": why} for i, why in sorted(state.holds.items())] \
+            == exp["holds"]
 
 
 @pytest.mark.parametrize(("vdir", "name"), DIR_PARAMS)

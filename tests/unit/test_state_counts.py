@@ -79,7 +79,30 @@ def _ref_next_deadline(st: State, now: int) -> int | None:
         for name in c.watch:
             if st.tubes[name].unpause_at > now:
                 times.append(st.tubes[name].unpause_at)
+            token = _ref_token_at(st, name)
+            t = st.tubes[name]
+            if token is not None and t.ready_n and token > now and not _ref_full(st, name):
+                times.append(token)
     return min(times) if times else None
+
+
+def _ref_token_at(st: State, name: str) -> int | None:
+    """GCRA from its definition: a token once `tat - (period - period/rate)` has come."""
+    lim = st.limits.get(name)
+    if lim is None or not lim.rate:
+        return None
+    return lim.tat - (lim.period - lim.period // lim.rate)
+
+
+def _ref_full(st: State, name: str) -> bool:
+    lim = st.limits.get(name)
+    return lim is not None and lim.max_reserved > 0 and (
+        st.tubes[name].reserved_n >= lim.max_reserved)
+
+
+def _ref_held(st: State, name: str, now: int) -> bool:
+    token = _ref_token_at(st, name)
+    return _ref_full(st, name) or (token is not None and now < token)
 
 
 def _ref_next_grant(st: State, now: int) -> tuple | None:
@@ -87,7 +110,7 @@ def _ref_next_grant(st: State, now: int) -> tuple | None:
     best = None
     for name in st.tube_order:
         t = st.tubes[name]
-        if t.waiting and t.ready_n and not t.paused(now):
+        if t.waiting and t.ready_n and not t.paused(now) and not _ref_held(st, name, now):
             j = st.peek_ready(name)
             if j is not None and (best is None or (j.pri, j.id) < (best[1].pri, best[1].id)):
                 best = (t.waiting[0], j)
@@ -104,13 +127,15 @@ def _ref_waiters_due(st: State, now: int) -> list:
     return out
 
 
-@given(hs.lists(hs.tuples(hs.integers(0, 6), hs.integers(1, 3), hs.integers(0, 4),
+@given(hs.lists(hs.tuples(hs.integers(0, 7), hs.integers(1, 3), hs.integers(0, 4),
                           hs.integers(0, 3 * 10**9)), max_size=40))
 @settings(max_examples=300, deadline=None)
 def test_waiter_timers_match_a_walk_over_every_waiter(ops) -> None:
     """next_deadline, waiters_due and waiters_maybe_due keep the waiters' deadlines in
     a heap and a set instead of walking every waiting connection, and next_grant
-    walks only the tubes someone waits on: same answers."""
+    walks only the tubes someone waits on: same answers. Tube "b" may get
+    concurrency and rate limits (Limits records): held back from grants and
+    reserves, its next token one of the deadlines."""
     s = 10**9
     st = State()
     now, seq, jid = s, 0, 0
@@ -130,6 +155,10 @@ def test_waiter_timers_match_a_walk_over_every_waiter(ops) -> None:
             log(r.Put, cid, jid, "default" if k % 2 else "b", 0, 0, 1 + k, b"j")
         elif op == 1 and not c.waiting:
             j = st.best_ready(cid, now)
+            ref = [st.peek_ready(n) for n in c.watch if st.tubes[n].ready_n
+                   and not st.tubes[n].paused(now) and not _ref_held(st, n, now)]
+            assert j == min((x for x in ref if x is not None),
+                            key=lambda x: (x.pri, x.id), default=None)
             if j is not None:
                 log(r.Reserve, cid, j.id)
         elif op == 2 and not c.waiting:
@@ -142,6 +171,8 @@ def test_waiter_timers_match_a_walk_over_every_waiter(ops) -> None:
             log(r.Delete, cid, min(c.reserved))
         elif op == 6 and not c.waiting and "b" not in c.watch:
             log(r.Watch, cid, "b")
+        elif op == 7:
+            log(r.Limits, "b", k % 3, k, 10 * s)
         due = st.due_timeouts(now)
         if due:
             log(r.Timeout, due)
@@ -152,3 +183,39 @@ def test_waiter_timers_match_a_walk_over_every_waiter(ops) -> None:
             assert st.waiters_maybe_due(at) == bool(ref)
             assert st.next_grant(at) == _ref_next_grant(st, at)
         st.check()
+
+
+def test_limits_hold_a_tube_back_from_reserves_and_grants() -> None:
+    """Concurrency and rate limits as the state applies them: a full tube or
+    an empty bucket is skipped like an empty tube, the next token is a
+    deadline while someone waits, and a Limits record of zeros forgets them."""
+    s = 10**9
+    st = State()
+    seq = 0
+
+    def log(now: int, rec_cls, *fields) -> None:
+        nonlocal seq
+        seq += 1
+        st.apply(rec_cls(seq, now, *fields))
+
+    log(s, r.Limits, "default", 2, 3, 6 * s)  # 2 at once, 3 per 6 s: a token every 2 s
+    for jid in range(1, 6):
+        log(s, r.Put, 1, jid, "default", 0, 0, 60, b"x")
+    log(s, r.Reserve, 1, 1)
+    log(s, r.Reserve, 1, 2)
+    assert st.best_ready(1, s) is None  # full
+    assert st.held_back(3, s) == ("concurrency", 2)
+    log(s, r.Delete, 1, 1)
+    log(s, r.Reserve, 1, 3)  # the bucket's third token
+    log(s, r.Delete, 1, 2)
+    log(s, r.Delete, 1, 3)
+    assert st.best_ready(1, s) is None  # no token until 2 s later
+    assert st.held_back(4, s) == ("rate", 3 * s)
+    st.apply(r.WaitStart(0, s, 2, None))
+    assert st.next_grant(s) is None and st.next_deadline(s) == 3 * s
+    assert st.next_grant(3 * s) == (2, st.jobs[4])
+    log(3 * s, r.Reserve, 2, 4)
+    assert st.best_ready(1, 4 * s) is None and st.best_ready(1, 5 * s).id == 5
+    log(5 * s, r.Limits, "default", 0, 0, 0)
+    assert not st.limits and st.held_back(5, 5 * s) is None
+    st.check()

@@ -1,0 +1,197 @@
+"""Server-side job policies seen by unchanged clients, against a real server
+process: greenstalk and fivebeans (Node, from npm) see a job buried after N
+timeouts and a tube limited to N reserved jobs; a schedule fires once per
+period across a kill -9 and a restart (read back with `aof dump`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import greenstalk
+import pytest
+
+from ..support.procs import REPO, smallstalk_cmd, start_smallstalk, wait_for
+
+CONFIG = """
+[tubes.flaky]
+max-timeouts = 2
+[tubes."flaky-node"]
+max-timeouts = 2
+[tubes.narrow]
+max-reserved = 2
+[tubes."narrow-node"]
+max-reserved = 2
+"""
+
+CACHE = REPO / "build" / "client-suites"
+SCRIPT = REPO / "tests" / "support" / "clients" / "policies.js"
+
+
+def _config(tmp_path: Path, text: str = CONFIG) -> Path:
+    path = tmp_path / "smallstalk.toml"
+    path.write_text(text)
+    return path
+
+
+def test_greenstalk_sees_attempt_limits_and_concurrency(tmp_path: Path) -> None:
+    # In memory (the Node test below runs with a data directory): the limits
+    # reach the state without a journal too.
+    server = start_smallstalk(tmp_path, "--config", str(_config(tmp_path)), "--extended-stats")
+    addr = ("127.0.0.1", server.port)
+    try:
+        with greenstalk.Client(addr, use="flaky", watch="flaky") as a, \
+                greenstalk.Client(addr, watch="flaky") as b, \
+                greenstalk.Client(addr, watch="flaky") as c:
+            jid = a.put("payload", ttr=1)
+            assert a.reserve(timeout=5).id == jid
+            assert b.reserve(timeout=10).id == jid  # its TTR ran out: ready again
+            with pytest.raises(greenstalk.TimedOutError):
+                c.reserve(timeout=4)  # the second time: buried, not ready
+            stats = a.stats_job(jid)
+            assert stats["state"] == "buried" and stats["timeouts"] == 2
+            assert stats["held-back"] == "exhausted: TTR ran out 2 times (max-timeouts 2)"
+        workers = [greenstalk.Client(addr, watch="narrow") for _ in range(3)]
+        with greenstalk.Client(addr, use="narrow") as p:
+            for i in range(4):
+                p.put(f"n{i}")
+            held = [w.reserve(timeout=1) for w in workers[:2]]
+            with pytest.raises(greenstalk.TimedOutError):
+                workers[2].reserve(timeout=1)  # two reserved: the tube looks empty
+            workers[0].delete(held[0])
+            t0 = time.monotonic()
+            assert workers[2].reserve(timeout=10).body == "n2"
+            assert time.monotonic() - t0 < 5
+        for w in workers:
+            w.close()
+    finally:
+        server.stop()
+
+
+def _fivebeans() -> Path:
+    """fivebeans 1.5.0 from npm, in the client suites' cache (run_suite.py fetches it)."""
+    if not shutil.which("node") or not shutil.which("npm"):
+        pytest.fail("node and npm are needed (make system-packages installs them)")
+    spec = importlib.util.spec_from_file_location(
+        "run_suite", REPO / "tests" / "support" / "clients" / "run_suite.py")
+    run_suite = importlib.util.module_from_spec(spec)
+    sys.modules["run_suite"] = run_suite  # its dataclasses look their module up
+    spec.loader.exec_module(run_suite)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    home = run_suite.cached(CACHE, "fivebeans-1.5.0", lambda tmp: run_suite.npm_install(
+        tmp, ["fivebeans@1.5.0", "mocha@3.0.2", "must@0.13.4"]))
+    return home / "node_modules" / "fivebeans"
+
+
+def test_a_node_client_sees_attempt_limits_and_concurrency(tmp_path: Path) -> None:
+    pkg = _fivebeans()
+    server = start_smallstalk(tmp_path, "--config", str(_config(tmp_path)), "--extended-stats",
+                              data_dir=tmp_path / "data")
+    try:
+        done = subprocess.run(["node", str(SCRIPT), str(pkg), str(server.port)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr + done.stdout
+        seen = json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        server.stop()
+    assert seen["first"][1] == seen["second"][1] == "node job"
+    assert seen["third"] == {"err": "TIMED_OUT"}
+    assert seen["stats"]["state"] == "buried" and seen["stats"]["timeouts"] == 2
+    assert seen["stats"]["held-back"] == "exhausted: TTR ran out 2 times (max-timeouts 2)"
+    assert [len(x) for x in seen["held"]] == [2, 2]
+    assert seen["refused"] == {"err": "TIMED_OUT"}
+    assert seen["woken"][1] == "n2" and seen["waited_ms"] < 5000
+
+
+# Every 3 s (six fields: seconds first), so a test sees several periods quickly.
+SCHEDULE = """
+[[schedules]]
+name = "tick"
+tube = "ticks"
+cron = "*/3 * * * * *"
+body = "tick"
+"""
+
+
+def _fires(data_dir: Path) -> list[dict]:
+    return _records(data_dir, "fire")
+
+
+def test_a_schedule_fires_once_per_period_across_kill_9(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    config = _config(tmp_path, SCHEDULE)
+    server = start_smallstalk(tmp_path, "--config", str(config), data_dir=data)
+    addr = ("127.0.0.1", server.port)
+    try:
+        with greenstalk.Client(addr, watch="ticks") as c:
+            wait_for(lambda: c.stats_tube("ticks")["total-jobs"] >= 2
+                     if "ticks" in c.tubes() else False, 20, "two firings")
+        server.kill()  # SIGKILL, just after a firing
+        time.sleep(4)  # down for at least one period
+        server = start_smallstalk(tmp_path, "--config", str(config), data_dir=data,
+                                  port=server.port)
+        with greenstalk.Client(addr, watch="ticks") as c:
+            before = c.stats_tube("ticks")["total-jobs"]
+            wait_for(lambda: c.stats_tube("ticks")["total-jobs"] >= before + 2, 20,
+                     "two firings after the restart")
+    finally:
+        server.stop()
+    fires = _fires(data)
+    ats = [f["at"] for f in fires]
+    assert ats == sorted(set(ats)), "a firing came twice"
+    assert all(at % (3 * 10**9) == 0 for at in ats)
+    made = [f for f in fires if f["id"]]
+    skipped = [f for f in fires if not f["id"]]
+    # The periods missed while down count once, as a skip (catch-up = "none").
+    assert len(skipped) <= 1 and len(made) >= 4
+    assert [f["id"] for f in made] == sorted(f["id"] for f in made)
+    # Each period once: consecutive firings 3 s apart, except across the downtime.
+    gaps = [b - a for a, b in zip(ats, ats[1:], strict=False)]
+    assert sum(1 for g in gaps if g != 3 * 10**9) <= 1
+    assert os.path.exists(data)
+
+
+def test_a_schedule_and_limits_carry_over_a_promotion(tmp_path: Path) -> None:
+    """A replica follows the primary's firings and limits through its records;
+    promoted after a kill -9 of the primary, it goes on from the last firing
+    the log holds, never firing a period twice."""
+    config = _config(tmp_path, SCHEDULE + '[tubes.narrow]\nmax-reserved = 2\n')
+    primary = start_smallstalk(tmp_path, "--config", str(config), data_dir=tmp_path / "p")
+    replica = start_smallstalk(tmp_path, "--config", str(config), "--replica-of",
+                               f"127.0.0.1:{primary.port}", data_dir=tmp_path / "r")
+    try:
+        with greenstalk.Client(("127.0.0.1", replica.port)) as c:
+            wait_for(lambda: "ticks" in c.tubes() and c.stats_tube("ticks")["total-jobs"] >= 2,
+                     30, "two firings on the replica")
+        primary.kill()
+        done = subprocess.run([*smallstalk_cmd(), "promote", f"127.0.0.1:{replica.port}"],
+                              capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert done.returncode == 0 and done.stdout.startswith("PROMOTED"), done
+        with greenstalk.Client(("127.0.0.1", replica.port), watch="ticks") as c:
+            before = c.stats_tube("ticks")["total-jobs"]
+            wait_for(lambda: c.stats_tube("ticks")["total-jobs"] >= before + 2, 30,
+                     "two firings after the promotion")
+    finally:
+        primary.kill()
+        replica.stop()
+    fires = _fires(tmp_path / "r")
+    ats = [f["at"] for f in fires]
+    assert ats == sorted(set(ats)), "a firing came twice"
+    assert len([f for f in fires if f["id"]]) >= 4
+    limits = _records(tmp_path / "r", "limits")  # the primary's, replicated
+    assert [(x["tube"], x["max_reserved"]) for x in limits] == [("narrow", 2)]
+
+
+def _records(data_dir: Path, op: str) -> list[dict]:
+    done = subprocess.run([*smallstalk_cmd(), "aof", "dump", str(data_dir), "--op", op,
+                           "--format", "jsonl"], capture_output=True, text=True, timeout=60,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
