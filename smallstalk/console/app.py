@@ -29,7 +29,6 @@ from starlette.requests import Request
 from starlette.responses import (
     FileResponse,
     HTMLResponse,
-    PlainTextResponse,
     RedirectResponse,
     Response,
 )
@@ -57,7 +56,6 @@ SAMPLES = int(3600 / SAMPLE_SECONDS)  # an hour of rates, in memory
 TUBES_PER_PAGE = 100
 JOBS_PER_PAGE = 50
 BODY_SHOWN = 64 * 1024
-HEALTH_SECONDS = 3.0  # a loop that takes no turn in this long is not serving
 TUBE_SORTS = ("name", "current-jobs-ready", "current-jobs-reserved", "current-jobs-delayed",
               "current-jobs-buried", "current-waiting", "next-ready-age", "puts-per-second",
               "total-jobs")
@@ -257,13 +255,6 @@ def routes(c: Console) -> list:
         body = await c.exporter.render(lp, c.data_dir)
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def health(request: Request) -> Response:
-        """200 while the mutation loop takes turns (a container's healthcheck asks this)."""
-        with trio.move_on_after(HEALTH_SECONDS):
-            await lp.call(_nothing)
-            return PlainTextResponse("ok\n")
-        return PlainTextResponse("the server's loop did not answer\n", status_code=503)
-
     async def report(request: Request) -> Response:
         path = c.latest_report()
         if path is None:
@@ -306,16 +297,11 @@ def routes(c: Console) -> list:
         Route("/", overview), Route("/tubes", tubes), Route("/tube/{name:path}", tube),
         Route("/job/{id:int}", job), Route("/travel", travel),
         Route("/replication", replication), Route("/metrics", metrics),
-        Route("/health", health),
         Route("/report", report), Route("/login", login, methods=["GET", "POST"]),
         Route("/do/{what:str}/{target:path}", action, methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         *ha.routes(c),  # /primary, /replica, /health for load balancers; /cluster
     ]
-
-
-def _nothing() -> None:
-    """A loop turn that does nothing: /health's proof that the loop runs."""
 
 
 def _action_commands(what: str, target: str, form) -> tuple[list[p.Command] | None, str | None]:

@@ -4,7 +4,8 @@
   writes (without --ha-etcd: a primary that takes writes), 503 elsewhere;
 - `GET /replica`: 200 on a replica following its primary, connected;
   `?lag=N` also needs it to be at most N records behind;
-- `GET /health`: 200 while the server serves.
+- `GET /health`: 200 while the server serves: its mutation loop takes a turn
+  within HEALTH_SECONDS (a container's healthcheck asks this too), else 503.
 HEAD and OPTIONS answer the same codes (HAProxy's `option httpchk` sends
 OPTIONS by default). The body is a small JSON document of the member's
 position, as Patroni's REST API answers. `/cluster` shows the members, who
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from smallstalk.server.loop import MutationLoop
 
 CHECK_METHODS = ["GET", "HEAD", "OPTIONS"]
+HEALTH_SECONDS = 3.0  # a loop that takes no turn for this long is not serving
 
 
 def takes_writes(lp: MutationLoop) -> bool:
@@ -52,6 +54,10 @@ def position(lp: MutationLoop) -> dict[str, Any]:
     return out
 
 
+def _nothing() -> None:
+    """A loop turn that does nothing: /health's proof that the loop runs."""
+
+
 def _answer(request: Request, ok: bool, lp: MutationLoop) -> Response:
     code = 200 if ok else 503
     if request.method != "GET":
@@ -76,7 +82,12 @@ def routes(c: Console) -> list[Route]:
         return _answer(request, ok, lp)
 
     async def health(request: Request) -> Response:
-        return _answer(request, True, lp)
+        with trio.move_on_after(HEALTH_SECONDS):
+            await lp.call(_nothing)
+            return _answer(request, True, lp)
+        if request.method != "GET":
+            return Response(status_code=503)
+        return PlainTextResponse("the server's loop did not answer\n", status_code=503)
 
     async def cluster(request: Request) -> Response:
         ha = lp.ha
