@@ -12,14 +12,15 @@ HTTP_PORT ?= 11380
 .PHONY: run test test-fast lint bench fixtures clean system-packages fuse-packages mutation
 
 # Debian packages the tests use: the real beanstalkd to compare with, Java for
-# Spark, Node for the JavaScript clients' own test suites, Chromium for the console (README: "What make
+# Spark, zip for the package the Spark cluster test ships, Node for the JavaScript
+# clients' own test suites, Chromium for the console (README: "What make
 # test installs"). The host is left as it was: while apt installs, a
 # policy-rc.d forbids starting services, so Debian's beanstalkd.service and
 # beanstalkd.socket (127.0.0.1:11300, `make run`'s address) do not start;
 # under systemd they are also disabled. Only packages that were missing are
 # touched.
 # NEEDS picks the commands (`make bench` needs only beanstalkd).
-NEEDS ?= beanstalkd java npm chromium
+NEEDS ?= beanstalkd java npm chromium zip
 system-packages:
 	@missing=""; needs=" $(NEEDS) "; \
 	case "$$needs" in *" beanstalkd "*) \
@@ -30,6 +31,8 @@ system-packages:
 	  command -v npm >/dev/null || missing="$$missing nodejs npm";; esac; \
 	case "$$needs" in *" chromium "*) \
 	  command -v chromedriver >/dev/null || missing="$$missing chromium chromium-driver";; esac; \
+	case "$$needs" in *" zip "*) \
+	  command -v zip >/dev/null || missing="$$missing zip";; esac; \
 	[ -z "$$missing" ] && exit 0; \
 	policy=""; \
 	if [ ! -e /usr/sbin/policy-rc.d ]; then \
