@@ -134,7 +134,7 @@ MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
 
 
 def explain(e: BaseException, python: str | None = None) -> str:
-    """One line for a failed run: what a missing module on the executors needs, else `brief`."""
+    """One line for a failed cluster run: what executors that miss a module need, else `brief`."""
     found = MISSING_MODULE.search(str(e))
     if found is None:
         return brief(e)
@@ -289,6 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         print(f"smallstalk analyze: {e}", file=sys.stderr)
         return 2
+    py_files = [p for p in (args.py_files or "").split(",") if p]
+    for path in py_files:
+        if "://" not in path and not os.path.isfile(path):
+            print(f"smallstalk analyze: --py-files: {path}: no such file", file=sys.stderr)
+            return 2
     conf = {}
     for item in args.conf:
         key, eq, value = item.partition("=")
@@ -324,9 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         conf.setdefault("spark.log.level", "FATAL")  # from the start, not only from setLogLevel
     spark, started_here = session(args.master, conf, args.driver_memory)
-    for path in (args.py_files or "").split(","):
-        if path:
-            spark.sparkContext.addPyFile(path)
+    for path in py_files:
+        spark.sparkContext.addPyFile(path)
     if not args.verbose:
         # Failures are reported below in one line; Spark's own stack traces only with -v.
         spark.sparkContext.setLogLevel("FATAL")
@@ -354,11 +358,11 @@ def main(argv: list[str] | None = None) -> int:
         progress.step("done")
     except Exception as e:  # a Spark failure: say it briefly, not a JVM stack
         progress.close()
-        python = None
-        if master and not master.startswith("local"):
+        why = brief(e)
+        if master and not master.startswith("local"):  # executors with a Python of their own
             sc = spark.sparkContext
-            python = sc.getConf().get("spark.pyspark.python", None) or sc.pythonExec
-        print(f"smallstalk analyze: failed: {explain(e, python)}", file=sys.stderr)
+            why = explain(e, sc.getConf().get("spark.pyspark.python", None) or sc.pythonExec)
+        print(f"smallstalk analyze: failed: {why}", file=sys.stderr)
         if args.verbose:
             raise
         return 1

@@ -125,6 +125,10 @@ def test_master_url_errors_are_one_line_and_need_no_jvm(tmp_path, capsys) -> Non
                  "--master", "spark://127.0.0.1"]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
         "smallstalk analyze: spark://127.0.0.1: a standalone master URL is spark://HOST:PORT")
+    assert main([str(tmp_path / "d"), "--out", str(tmp_path / "o"),
+                 "--py-files", str(tmp_path / "smallstalk.zip")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"smallstalk analyze: --py-files: {tmp_path / 'smallstalk.zip'}: no such file")
 
 
 def test_missing_module_on_the_executors_is_explained() -> None:
