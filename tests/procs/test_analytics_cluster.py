@@ -131,9 +131,12 @@ def cluster_run(tmp, setup, cluster) -> dict[str, Any]:
 
 def test_cluster_run_equals_local_run_row_for_row(cluster, cluster_run, local_run,
                                                   tmp) -> None:
-    # The executors did the work: both workers ran an executor of the application.
-    apps = cluster.state()["completedapps"] + cluster.state()["activeapps"]
-    assert apps, "no application ran on the cluster"
+    # The executors did the work: each worker ran an executor of the application, and
+    # each executor finished tasks (an executor's log is in its worker's --work-dir).
+    assert cluster.state()["completedapps"], "no application ran on the cluster"
+    for worker in ("worker-1", "worker-2"):
+        logs = [x.read_text(errors="replace") for x in (tmp / worker).glob("app-*/*/stderr")]
+        assert any("Finished task" in log for log in logs), worker
     for name in TABLES:
         got = table(cluster_run["out"], name)
         want = table(local_run["out"], name)
