@@ -64,7 +64,7 @@ def tmp(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(tmp) -> Iterator[SparkCluster]:
-    c = start_cluster(tmp)
+    c = start_cluster(tmp)  # its JVMs start while the input is made and local mode runs
     try:
         yield c
     finally:
@@ -115,6 +115,7 @@ def local_run(tmp, setup) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def cluster_run(tmp, setup, cluster) -> dict[str, Any]:
+    cluster.wait_ready()
     started = time.monotonic()
     # The command of docs/ANALYTICS.md, "On a standalone cluster", as a user types it.
     cmd = ["spark-submit", "--master", cluster.url,
@@ -129,7 +130,7 @@ def cluster_run(tmp, setup, cluster) -> dict[str, Any]:
                 seconds=time.monotonic() - started)
 
 
-def test_cluster_run_equals_local_run_row_for_row(cluster, cluster_run, local_run,
+def test_cluster_run_equals_local_run_row_for_row(cluster, local_run, cluster_run,
                                                   tmp) -> None:
     # The executors did the work: each worker ran an executor of the application, and
     # each executor finished tasks (an executor's log is in its worker's --work-dir).
@@ -159,6 +160,7 @@ def test_cluster_run_equals_local_run_row_for_row(cluster, cluster_run, local_ru
 
 def test_executors_that_lack_smallstalk_get_one_line(tmp, setup, cluster) -> None:
     """`smallstalk analyze --master` without --py-files: the executors cannot import it."""
+    cluster.wait_ready()
     env = dict(setup["env"], PYSPARK_PYTHON=str(setup["python"]))
     rc, out, err = run_logged(
         [sys.executable, "-m", "smallstalk", "analyze", *setup["servers"], "--out",

@@ -19,7 +19,6 @@ import sys
 import time
 import urllib.request
 import venv
-from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -89,6 +88,24 @@ class SparkCluster:
     ui_port: int
     procs: list[subprocess.Popen]  # the master first
     logs: list[Path]
+    workers: int
+
+    def wait_ready(self, timeout: float = 240.0) -> None:
+        """Until every worker has registered with the master (JVMs start slowly)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for p in self.procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"a Spark daemon exited with {p.returncode}\n{self.log()}")
+            try:
+                if self.state().get("aliveworkers") == self.workers:
+                    return
+            except OSError:
+                pass  # the master's UI is not up yet
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.workers} workers did not register within {timeout}s"
+                                   f"\n{self.log()}")
+            time.sleep(0.5)
 
     def state(self) -> dict:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as r:
@@ -104,14 +121,14 @@ class SparkCluster:
             p.wait(timeout=30)
 
 
-def start_cluster(tmp: Path, workers: int = 2, cores: int = 1, memory: str = "1g",
-                  timeout: float = 240.0) -> SparkCluster:
-    """A master and `workers` workers on 127.0.0.1; returns once all workers registered."""
+def start_cluster(tmp: Path, workers: int = 2, cores: int = 1,
+                  memory: str = "1g") -> SparkCluster:
+    """Launch a master and `workers` workers on 127.0.0.1; `wait_ready` waits for them."""
     env = spark_env(tmp)
     spark_class = str(spark_home() / "bin" / "spark-class")
     port, ui_port = free_port(), free_port()
     url = f"spark://127.0.0.1:{port}"
-    cluster = SparkCluster(url, ui_port, [], [])
+    cluster = SparkCluster(url, ui_port, [], [], workers)
 
     def launch(name: str, args: list[str]) -> None:
         log = tmp / f"{name}.log"
@@ -130,22 +147,10 @@ def start_cluster(tmp: Path, workers: int = 2, cores: int = 1, memory: str = "1g
                                    "127.0.0.1", "--cores", str(cores), "--memory", memory,
                                    "--webui-port", str(free_port()), "--work-dir", str(work),
                                    url])
-        deadline = time.monotonic() + timeout
-        while True:
-            for p in cluster.procs:
-                if p.poll() is not None:
-                    raise RuntimeError(f"a Spark daemon exited with {p.returncode}")
-            try:
-                if cluster.state().get("aliveworkers") == workers:
-                    return cluster
-            except OSError:
-                pass  # the master's UI is not up yet
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{workers} workers did not register within {timeout}s")
-            time.sleep(0.5)
-    except BaseException as e:
+    except BaseException:
         cluster.stop()
-        raise RuntimeError(f"{e}\n{cluster.log()}") from None
+        raise
+    return cluster
 
 
 def node_python(directory: Path, packages: list[str]) -> Path:
@@ -195,15 +200,7 @@ def run_logged(cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path,
             proc.communicate()
             raise AssertionError(f"{cmd[:3]} ran past {timeout}s:\n{log.read_text()[-4000:]}") \
                 from None
-        finally:
-            kill_tree_if_left(proc)
+        except BaseException:  # the test was interrupted: leave nothing running
+            kill_tree([proc.pid], grace=5)
+            raise
     return proc.returncode, out.decode(errors="replace"), log.read_text(errors="replace")
-
-
-def kill_tree_if_left(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        kill_tree([proc.pid], grace=5)
-
-
-def lines(text: str) -> Iterator[str]:
-    return (line for line in text.splitlines() if line.strip())
