@@ -15,7 +15,16 @@ from smallstalk.core import protocol as p
 from .addresses import Servers, resolve_servers, split_address
 from .core import _T, DEFAULT_PRIORITY, DEFAULT_TTR, JobLike, _Core, _Exchange, _Op, _Pause
 from .errors import BeanstalkError, ConnectionFailed, NotConnected, ReadTimeout
-from .replies import Job, JobRef, JobStats, Reply, ReplyReader, ServerStats, TubeStats
+from .replies import (
+    Explanation,
+    Job,
+    JobRef,
+    JobStats,
+    Reply,
+    ReplyReader,
+    ServerStats,
+    TubeStats,
+)
 from .security import security
 
 
@@ -241,6 +250,10 @@ class AsyncClient:
 
     async def stats_job(self, job: JobLike) -> JobStats:
         return await self._run(self._core.stats_job(job))
+
+    async def explain(self, job: JobLike) -> Explanation:
+        """Why the job is (or is not) handed out now (smallstalk only, `explain-job`)."""
+        return await self._run(self._core.explain(job))
 
     async def stats_tube(self, tube: str, *, server: str | None = None) -> TubeStats:
         return await self._run(self._core.stats_tube(tube, server))

@@ -29,7 +29,7 @@ from .errors import (
     TimedOut,
     UnknownCommand,
 )
-from .replies import Job, JobRef, JobStats, Reply, ServerStats, TubeStats, interpret
+from .replies import Explanation, Job, JobRef, JobStats, Reply, ServerStats, TubeStats, interpret
 
 DEFAULT_PRIORITY = 2**31
 DEFAULT_TTR = 60
@@ -476,6 +476,10 @@ class _Core:
     def stats_job(self, job: JobLike) -> _Op[JobStats]:
         i, jid = self.locate(job)
         return (yield from self.one(i, p.StatsJob(jid)))
+
+    def explain(self, job: JobLike) -> _Op[Explanation]:
+        i, jid = self.locate(job)
+        return (yield from self.one(i, p.ExplainJob(jid)))
 
     def stats_tube(self, tube: str, server: str | None) -> _Op[TubeStats]:
         return (yield from self.one(self._one_server(server), p.StatsTube(_check_tube(tube))))

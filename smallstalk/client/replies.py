@@ -63,6 +63,35 @@ def _yaml_list(body: bytes) -> list[str]:
     return out
 
 
+@attrs.frozen
+class Explanation:
+    """`explain-job`'s answer: the job's state and every reason that holds now."""
+
+    id: int
+    tube: str
+    state: str
+    pri: int
+    reasons: list[str]
+
+
+def _explanation(body: bytes) -> Explanation:
+    fields: dict[str, str] = {}
+    reasons: list[str] = []
+    for line in body.decode("utf-8", "replace").splitlines():
+        if line.startswith("- "):
+            v = line[2:].strip()
+            if len(v) >= 2 and v[0] == v[-1] == '"':
+                v = v[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+            reasons.append(v)
+        elif line and line != "---" and not line.startswith("reasons:"):
+            fields.update(_yaml_map(line.encode()))
+    try:
+        return Explanation(int(fields["id"]), fields["tube"], fields["state"],
+                           int(fields["pri"]), reasons)
+    except (KeyError, ValueError):
+        raise ProtocolError(f"malformed explain-job reply: {body[:200]!r}") from None
+
+
 _S = TypeVar("_S", "JobStats", "TubeStats", "ServerStats")
 
 
@@ -321,6 +350,7 @@ _SUCCESS: dict[type, tuple[bytes, Any]] = {
     p.ReloadConfig: (word_of(p.RELOADED), None),
     p.ExtStats: (_OK, lambda r, s: _yaml_map(_ok_body(r))),
     p.ExtStatsTube: (_OK, lambda r, s: _yaml_map(_ok_body(r))),
+    p.ExplainJob: (_OK, lambda r, s: _explanation(_ok_body(r))),
 }
 
 

@@ -14,7 +14,16 @@ from smallstalk.core import protocol as p
 from .addresses import Servers, resolve_servers, split_address
 from .core import _T, DEFAULT_PRIORITY, DEFAULT_TTR, JobLike, _Core, _Exchange, _Op, _Pause
 from .errors import BeanstalkError, ConnectionFailed, NotConnected, ReadTimeout
-from .replies import Job, JobRef, JobStats, Reply, ReplyReader, ServerStats, TubeStats
+from .replies import (
+    Explanation,
+    Job,
+    JobRef,
+    JobStats,
+    Reply,
+    ReplyReader,
+    ServerStats,
+    TubeStats,
+)
 from .security import security
 
 
@@ -278,6 +287,11 @@ class Client:
 
     def stats_job(self, job: JobLike) -> JobStats:
         return self._run(self._core.stats_job(job))
+
+    def explain(self, job: JobLike) -> Explanation:
+        """Why the job is (or is not) handed out now: its state and every
+        reason that holds (smallstalk only, `explain-job`)."""
+        return self._run(self._core.explain(job))
 
     def stats_tube(self, tube: str, *, server: str | None = None) -> TubeStats:
         """With several servers, say which one (`server=`)."""

@@ -15,6 +15,7 @@ import hashlib
 import logging
 from typing import Protocol
 
+from smallstalk.core import explain
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.model import STATE_BY_NAME
@@ -71,6 +72,8 @@ class Loop(server_stats.Observed, Protocol):
     def replicated(self, seq: int) -> bool: ...
 
     def reload_config(self) -> str | None: ...
+
+    def peer_of(self, cid: int) -> str | None: ...
 
 
 def put(lp: Loop, s: Session, cmd: p.Put):
@@ -208,6 +211,46 @@ def reserve(lp: Loop, s: Session, cmd: p.Reserve):
     deadline = None if cmd.timeout is None else now + cmd.timeout * NS
     lp.volatile(r.WaitStart, s.id, deadline)
     return BLOCK
+
+
+def reserve_batch(lp: Loop, s: Session, cmd: p.ReserveBatch):
+    """Up to `count` ready jobs, one Reserve record each: `RESERVED_BATCH <n>`
+    then n `RESERVED` replies; with none ready it waits as reserve-with-timeout
+    does, and the loop's grant fills the batch (`batch_reply`)."""
+    lp.count("cmd-reserve-batch")
+    s.worker = True
+    st = lp.state
+    if not st.has_ready(s.id) and st.deadline_soon(s.id, lp.now):
+        return p.DEADLINE_SOON
+    job = st.best_ready(s.id, lp.now)
+    if job is not None:
+        return batch_reply(lp, s.id, job, cmd.count)
+    if cmd.timeout == 0 or s.halfclosed:
+        return p.TIMED_OUT
+    s.batch = cmd.count
+    lp.volatile(r.WaitStart, s.id, lp.now + cmd.timeout * NS)
+    return BLOCK
+
+
+def batch_reply(lp: Loop, cid: int, job, count: int) -> bytes:
+    """Reserve `job` for `cid`, then the next best ready jobs up to `count`
+    in all, and answer them in one reply: a job is reserved only if it is in it."""
+    jobs = []
+    while job is not None:
+        lp.log(r.Reserve, cid, job.id)
+        jobs.append(job)
+        if len(jobs) >= count:
+            break
+        job = lp.state.best_ready(cid, lp.now)
+    return p.reserved_batch([(j.id, lp.body_of(j)) for j in jobs])
+
+
+def explain_job(lp: Loop, s: Session, cmd: p.ExplainJob):
+    lp.count("cmd-explain-job")
+    pairs = explain.explain(lp.state, cmd.id, lp.now, lp.peer_of)
+    if pairs is None:
+        return p.NOT_FOUND
+    return p.ok_yaml(explain.render(pairs))
 
 
 def reserve_job(lp: Loop, s: Session, cmd: p.ReserveJob):
@@ -497,13 +540,15 @@ HANDLERS = {
     p.ReplicaAck: replica_ack, p.PromoteReplica: promote, p.DeleteTube: delete_tube,
     p.ConfigDump: config, p.ReloadConfig: reload_config, p.ListJobs: list_jobs,
     p.FlushTube: flush_tube, p.Auth: auth, p.ExtStats: ext_stats,
-    p.ExtStatsTube: ext_stats_tube, p.PutUnique: put_unique,
+    p.ExtStatsTube: ext_stats_tube, p.PutUnique: put_unique, p.ExplainJob: explain_job,
+    p.ReserveBatch: reserve_batch,
 }
 
 # Refused on a replica (READ_ONLY): they change the queue or need a record.
 MUTATING = frozenset({
     p.Put, p.Reserve, p.ReserveJob, p.Delete, p.Release, p.Bury, p.Touch, p.Kick,
     p.KickJob, p.PauseTube, p.Watch, p.Ignore, p.DeleteTube, p.FlushTube, p.PutUnique,
+    p.ReserveBatch,
 })
 
 # The admin commands: with --admin-token-file they need `auth` first; without
