@@ -209,6 +209,11 @@ class AsyncClient:
                       tubes: Sequence[str] | None = None) -> Job:
         return await self._run(self._core.reserve(timeout, tubes))
 
+    async def reserve_many(self, count: int, timeout: float | None = None, *,
+                           tubes: Sequence[str] | None = None) -> list[Job]:
+        """Up to `count` jobs in one round trip (`reserve-batch`); as the sync client's."""
+        return await self._run(self._core.reserve_many(count, timeout, tubes))
+
     async def reserve_job(self, job: JobLike) -> Job:
         return await self._run(self._core.reserve_job(job))
 

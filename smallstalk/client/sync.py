@@ -236,6 +236,13 @@ class Client:
         the watched tubes (in the same round trip). Raises TimedOut, DeadlineSoon."""
         return self._run(self._core.reserve(timeout, tubes))
 
+    def reserve_many(self, count: int, timeout: float | None = None, *,
+                     tubes: Sequence[str] | None = None) -> list[Job]:
+        """Up to `count` (1-1000) jobs in one round trip (`reserve-batch`,
+        smallstalk only), waiting as `reserve` does when none is ready; each
+        job has its own TTR. Raises TimedOut, DeadlineSoon."""
+        return self._run(self._core.reserve_many(count, timeout, tubes))
+
     def reserve_job(self, job: JobLike) -> Job:
         """Reserve this job whatever its state (beanstalkd 1.12 and smallstalk)."""
         return self._run(self._core.reserve_job(job))

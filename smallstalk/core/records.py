@@ -44,7 +44,8 @@ class Put:
 
 @attrs.frozen(slots=True)
 class Reserve:
-    """Job `id` granted to `conn` (reserve, reserve-with-timeout, reserve-job)."""
+    """Job `id` granted to `conn` (reserve, reserve-with-timeout, reserve-job; one
+    per job of a reserve-batch)."""
 
     CODE: ClassVar[int] = 2
     seq: int

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from smallstalk.client import Client, NotFound
+from smallstalk.client import Client, NotFound, TimedOut
 
 from ..support.bsclient import Client as Raw
 from ..support.procs import REPO, smallstalk_cmd, start_smallstalk
@@ -65,3 +65,41 @@ def test_client_explain_and_the_cli(server) -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.startswith("smallstalk explain: takes two arguments")
+
+
+def test_reserve_batch_over_a_socket(server) -> None:
+    with Raw(server.port) as c:
+        c.call(b"use batch-raw\r\n")
+        c.call(b"watch batch-raw\r\n")
+        c.call(b"ignore default\r\n")
+        ids = [c.put(b"job-%d" % i).id for i in range(3)]
+        c.send(b"reserve-batch 5 0\r\n")
+        head = c.read()
+        assert head.line == b"RESERVED_BATCH 3"
+        got = [c.read() for _ in range(3)]
+        assert [(r.status, r.id, r.body) for r in got] == [
+            (b"RESERVED", i, b"job-%d" % n) for n, i in enumerate(ids)]
+        assert c.call(b"reserve-batch 5 0\r\n").line == b"TIMED_OUT"
+        for i in ids:
+            assert c.call(b"delete %d\r\n" % i).status == b"DELETED"
+
+
+def test_client_reserve_many(server) -> None:
+    addr = f"127.0.0.1:{server.port}"
+    with Client(addr) as c, Client(addr) as producer:
+        producer.use("batch-client")
+        puts = [producer.put(b"b%d" % i, ttr=30) for i in range(5)]
+        jobs = c.reserve_many(3, timeout=0, tubes=["batch-client"])
+        assert [(j.id, j.body) for j in jobs] == [(p.id, b"b%d" % n) for n, p in
+                                                   enumerate(puts[:3])]
+        assert [j.id for j in c.reserve_many(10, timeout=0)] == [p.id for p in puts[3:]]
+        for j in jobs:
+            c.delete(j)
+        with pytest.raises(TimedOut):
+            c.reserve_many(2, timeout=0)
+        with pytest.raises(ValueError):
+            c.reserve_many(0)
+        # A wait: the batch is answered once a job arrives.
+        producer.put(b"late", delay=1)
+        (late,) = c.reserve_many(4, timeout=30)
+        assert late.body == b"late"
