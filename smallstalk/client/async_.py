@@ -256,6 +256,10 @@ class AsyncClient:
     async def stats_job(self, job: JobLike) -> JobStats:
         return await self._run(self._core.stats_job(job))
 
+    async def move_job(self, job: JobLike, tube: str) -> None:
+        """Move a ready, delayed or buried job to `tube` (smallstalk only, `move-job`)."""
+        await self._run(self._core.move_job(job, tube))
+
     async def explain(self, job: JobLike) -> Explanation:
         """Why the job is (or is not) handed out now (smallstalk only, `explain-job`)."""
         return await self._run(self._core.explain(job))

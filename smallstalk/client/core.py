@@ -493,6 +493,10 @@ class _Core:
         i, jid = self.locate(job)
         return (yield from self.one(i, p.StatsJob(jid)))
 
+    def move_job(self, job: JobLike, tube: str) -> _Op[None]:
+        i, jid = self.locate(job)
+        yield from self.one(i, p.MoveJob(jid, _check_tube(tube)))
+
     def explain(self, job: JobLike) -> _Op[Explanation]:
         i, jid = self.locate(job)
         return (yield from self.one(i, p.ExplainJob(jid)))

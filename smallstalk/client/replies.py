@@ -345,6 +345,7 @@ _SUCCESS: dict[type, tuple[bytes, Any]] = {
     p.PutUnique: (_INSERTED, lambda r, s: JobRef(_int_arg(r), s)),
     p.Reserve: (_RESERVED, _job),
     p.ReserveJob: (_RESERVED, _job),
+    p.MoveJob: (b"MOVED", None),
     p.ReserveBatch: (_RESERVED_BATCH, lambda r, s: [_job(x, s) for x in r.parts]),
     p.Delete: (word_of(p.DELETED), None),
     p.Release: (word_of(p.RELEASED), None),

@@ -295,6 +295,11 @@ class Client:
     def stats_job(self, job: JobLike) -> JobStats:
         return self._run(self._core.stats_job(job))
 
+    def move_job(self, job: JobLike, tube: str) -> None:
+        """Move a ready, delayed or buried job to `tube`, keeping its id
+        (smallstalk only, `move-job`; NotFound if it is reserved or gone)."""
+        self._run(self._core.move_job(job, tube))
+
     def explain(self, job: JobLike) -> Explanation:
         """Why the job is (or is not) handed out now: its state and every
         reason that holds (smallstalk only, `explain-job`)."""

@@ -256,6 +256,14 @@ class ReserveBatch:
 
 
 @attrs.frozen(slots=True)
+class MoveJob:
+    """`move-job <id> <tube>`: a ready, delayed or buried job to another tube."""
+
+    id: int
+    tube: str
+
+
+@attrs.frozen(slots=True)
 class ErrorReply:
     """Malformed input: answer `reply` and go on with the next command.
 
@@ -273,6 +281,7 @@ Command = (
     | ListTubes | ListTubeUsed | ListTubesWatched | PauseTube | Quit | Replicate | ReplicaAck
     | PromoteReplica | DeleteTube | ConfigDump | ReloadConfig | Auth | ListJobs | FlushTube
     | ExtStats | ExtStatsTube | PutUnique | ExplainJob | ReserveBatch
+    | MoveJob
 )
 Event = Command | ErrorReply
 
@@ -329,6 +338,8 @@ def render(cmd: Command) -> bytes:
         return b"auth %s\r\n" % cmd.token.encode()
     if t is ExtStats:
         return b"ext-stats\r\n"
+    if t is MoveJob:
+        return b"move-job %d %s\r\n" % (cmd.id, cmd.tube.encode())
     if t is ReserveBatch:
         return b"reserve-batch %d %d\r\n" % (cmd.count, cmd.timeout)
     if t is ExtStatsTube:

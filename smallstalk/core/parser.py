@@ -63,6 +63,7 @@ from smallstalk.core.commands import (
     Kick,
     KickJob,
     ListJobs,
+    MoveJob,
     PauseTube,
     Peek,
     Put,
@@ -437,6 +438,11 @@ def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHea
             return EXT_STATS
         if line.startswith(b"explain-job "):
             return ExplainJob(_read_uint(line, len(b"explain-job "), U64_MAX, True)[0])
+        if line.startswith(b"move-job "):
+            jid, pos = _read_uint(line, len(b"move-job "), U64_MAX, False)
+            if pos >= len(line) or line[pos] != 0x20:
+                raise _Bad
+            return MoveJob(jid, _tube(line[pos + 1:]))
         if line.startswith(b"ext-stats-tube "):
             return ExtStatsTube(_tube(line[len(b"ext-stats-tube "):]))
     except _BadCounted as e:

@@ -380,6 +380,18 @@ def kick_job(lp: Loop, s: Session, cmd: p.KickJob):
     return p.KICKED
 
 
+def move_job(lp: Loop, s: Session, cmd: p.MoveJob):
+    """A ready, delayed or buried job to another tube, as one Move record."""
+    lp.count("cmd-move-job")
+    job = lp.state.jobs.get(cmd.id)
+    if job is None or job.state == RESERVED:
+        return p.NOT_FOUND
+    if job.tube.name == cmd.tube:
+        return p.moved(cmd.tube)  # already there: nothing to log
+    lp.log(r.Move, s.id, cmd.id, cmd.tube)
+    return p.moved(cmd.tube)
+
+
 def stats_job(lp: Loop, s: Session, cmd: p.StatsJob):
     lp.count("cmd-stats-job")
     job = lp.state.jobs.get(cmd.id)
@@ -541,14 +553,14 @@ HANDLERS = {
     p.ConfigDump: config, p.ReloadConfig: reload_config, p.ListJobs: list_jobs,
     p.FlushTube: flush_tube, p.Auth: auth, p.ExtStats: ext_stats,
     p.ExtStatsTube: ext_stats_tube, p.PutUnique: put_unique, p.ExplainJob: explain_job,
-    p.ReserveBatch: reserve_batch,
+    p.ReserveBatch: reserve_batch, p.MoveJob: move_job,
 }
 
 # Refused on a replica (READ_ONLY): they change the queue or need a record.
 MUTATING = frozenset({
     p.Put, p.Reserve, p.ReserveJob, p.Delete, p.Release, p.Bury, p.Touch, p.Kick,
     p.KickJob, p.PauseTube, p.Watch, p.Ignore, p.DeleteTube, p.FlushTube, p.PutUnique,
-    p.ReserveBatch,
+    p.ReserveBatch, p.MoveJob,
 })
 
 # The admin commands: with --admin-token-file they need `auth` first; without

@@ -103,3 +103,20 @@ def test_client_reserve_many(server) -> None:
         producer.put(b"late", delay=1)
         (late,) = c.reserve_many(4, timeout=30)
         assert late.body == b"late"
+
+
+def test_move_job_over_a_socket(server) -> None:
+    addr = f"127.0.0.1:{server.port}"
+    with Raw(server.port) as raw, Client(addr) as c:
+        raw.call(b"use move-src\r\n")
+        jid = raw.put(b"m", pri=5).id
+        assert raw.call(b"move-job %d move-dst\r\n" % jid).line == b"MOVED move-dst"
+        assert raw.stats_job(jid)["tube"] == "move-dst"
+        c.move_job(jid, "move-back")
+        assert c.stats_job(jid).tube == "move-back"
+        c.watch("move-back")
+        job = c.reserve(timeout=0)
+        assert job.id == jid
+        with Client(addr) as other, pytest.raises(NotFound):  # reserved: not moved
+            other.move_job(jid, "elsewhere")
+        c.delete(job)
