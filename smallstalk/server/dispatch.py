@@ -26,6 +26,7 @@ from smallstalk.server import stats as server_stats
 from smallstalk.server.admin import AUTH_FAIL_DELAY, AdminPolicy, token_matches
 from smallstalk.server.policy import Policies, TubePolicy, render
 from smallstalk.server.session import Session
+from smallstalk.storage.bodies import BodyError
 
 log = logging.getLogger("smallstalk.server.dispatch")
 
@@ -234,15 +235,26 @@ def reserve_batch(lp: Loop, s: Session, cmd: p.ReserveBatch):
 
 def batch_reply(lp: Loop, cid: int, job, count: int) -> bytes:
     """Reserve `job` for `cid`, then the next best ready jobs up to `count`
-    in all, and answer them in one reply: a job is reserved only if it is in it."""
-    jobs = []
-    while job is not None:
-        lp.log(r.Reserve, cid, job.id)
-        jobs.append(job)
-        if len(jobs) >= count:
-            break
+    in all, and answer them in one reply: a job is reserved only if it is in it.
+
+    The first job is reserved as a plain reserve's (its record ends a wait,
+    then its body is read); each further one only once its body is read, so
+    a body that cannot be read ends the batch short instead of reserving a
+    job the reply does not carry."""
+    lp.log(r.Reserve, cid, job.id)
+    out = [(job.id, lp.body_of(job))]
+    while len(out) < count:
         job = lp.state.best_ready(cid, lp.now)
-    return p.reserved_batch([(j.id, lp.body_of(j)) for j in jobs])
+        if job is None:
+            break
+        try:
+            body = lp.body_of(job)
+        except BodyError as e:
+            log.error("reserve-batch ends at %d jobs: job %d: %s", len(out), job.id, e)
+            break
+        lp.log(r.Reserve, cid, job.id)
+        out.append((job.id, body))
+    return p.reserved_batch(out)
 
 
 def explain_job(lp: Loop, s: Session, cmd: p.ExplainJob):

@@ -4,6 +4,8 @@ when none is ready (filled by the loop's grant), limits, and replay."""
 
 from __future__ import annotations
 
+import os
+
 import trio
 
 from smallstalk.client.replies import ReplyReader
@@ -11,7 +13,9 @@ from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 
 from ..support.harness import Client
-from .test_holdback import configure, records_of, started
+from .test_holdback import configure, records_of, settle, started
+from .test_readbehind import make_loop as make_spilling_loop
+from .test_readbehind import put_many
 from .test_tube_policies import assert_replays
 
 
@@ -99,3 +103,32 @@ async def test_a_concurrency_limit_bounds_the_batch(nursery, tmp_path, autojump_
         await c.ask(b"put 0 0 60 1\r\na\r\n")
     assert [i for i, _ in batch(await c.ask(b"reserve-batch 5 0\r\n"))] == [1, 2]
     assert await c.ask(b"reserve-batch 5 0\r\n") == p.TIMED_OUT
+
+
+async def test_a_body_that_cannot_be_read_ends_the_batch_short(nursery, tmp_path,
+                                                               autojump_clock) -> None:
+    """A job is reserved only if it is in the reply: when a spilled body cannot
+    be read, the batch ends before that job, which stays ready."""
+    lp = make_spilling_loop(tmp_path, 1000)
+    nursery.start_soon(lp.run)
+    c = Client(lp)
+    await put_many(c, [bytes([65 + i]) * 400 for i in range(6)])
+    await settle()
+    st = lp.state
+    assert not isinstance(st.jobs[1].body, int)  # the newest bodies spill first
+    first_spilled = min(jid for jid, j in st.jobs.items() if isinstance(j.body, int))
+    # The body files' descriptors turn write-only under the store: reads fail
+    # as a disk error would (EBADF), and the real ones come back after.
+    bad = os.open(os.devnull, os.O_WRONLY)
+    real = {f: f.fd for f in lp.bodies.files.values()}
+    for f in real:
+        f.fd = bad
+    try:
+        got = batch(await c.ask(b"reserve-batch 6 0\r\n"))
+    finally:
+        for f, fd in real.items():
+            f.fd = fd
+        os.close(bad)
+    assert [i for i, _ in got] == list(range(1, first_spilled))
+    assert st.jobs[first_spilled].state == 0  # not in the reply: still ready
+    assert [rec.id for rec in records_of(tmp_path, r.Reserve)] == list(range(1, first_spilled))
