@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -120,3 +121,24 @@ def test_move_job_over_a_socket(server) -> None:
         with Client(addr) as other, pytest.raises(NotFound):  # reserved: not moved
             other.move_job(jid, "elsewhere")
         c.delete(job)
+
+
+def test_the_bench_load_generator_consumes_with_reserve_batch(tmp_path) -> None:
+    """bench/loadgen.py's rd-batch workload reads the batch frame without error
+    and consumes exactly the jobs there are (on a server of its own)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import loadgen
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    srv = start_smallstalk(tmp_path)
+    try:
+        pre = loadgen.run(srv.port, "load", 2, total=2000, duration=30.0, procs=1)
+        assert pre["ops"] == 2000
+        res = loadgen.run(srv.port, "rd-batch", 2, duration=30.0, depth=10, procs=1)
+        assert (res["ops"], res["errors"]) == (2000, 0)
+        with Raw(srv.port) as c:
+            assert c.stats()["current-jobs-ready"] == "0"
+            assert c.stats()["current-jobs-reserved"] == "0"
+    finally:
+        srv.stop()
