@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from smallstalk.client import Client, NotFound, TimedOut
+from smallstalk.client import AsyncClient, Client, NotFound, TimedOut
 
 from ..support.bsclient import Client as Raw
 from ..support.procs import REPO, smallstalk_cmd, start_smallstalk
@@ -142,3 +142,18 @@ def test_the_bench_load_generator_consumes_with_reserve_batch(tmp_path) -> None:
             assert c.stats()["current-jobs-reserved"] == "0"
     finally:
         srv.stop()
+
+
+async def test_the_trio_client_explains_reserves_many_and_moves(server) -> None:
+    async with AsyncClient(f"127.0.0.1:{server.port}") as c:
+        await c.use("trio-batch")
+        ids = [(await c.put(b"t%d" % i)).id for i in range(3)]
+        await c.move_job(ids[2], "trio-other")
+        ex = await c.explain(ids[2])
+        assert (ex.tube, ex.state) == ("trio-other", "ready")
+        jobs = await c.reserve_many(5, timeout=0, tubes=["trio-batch"])
+        assert [j.id for j in jobs] == ids[:2]
+        assert (await c.explain(ids[0])).reasons[0].startswith("reserved by connection ")
+        for j in jobs:
+            await c.delete(j)
+        await c.delete(ids[2])
