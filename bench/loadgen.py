@@ -15,6 +15,7 @@ Workloads (one "op" is what the rate counts):
   cycle     request/response: put, reserve-with-timeout 0, delete    op = job cycled
   put-pipe  `depth` puts in one send, wait for all replies           op = put
   rd-pipe   `depth` reserves in one send, then their deletes in one  op = job consumed
+  rd-batch  smallstalk's `reserve-batch depth 0`, then the deletes in one send  op = job consumed
   load      like put-pipe, but stops after `total` jobs (pre-loading) or at `duration`
 
 In the request/response workloads every command's round-trip time is recorded
@@ -45,12 +46,12 @@ import socket
 import time
 from array import array
 
-WORKLOADS = ("put", "rd", "cycle", "put-pipe", "rd-pipe", "load", "put-unique")
-SMALLSTALK_ONLY = ("put-unique",)  # beanstalkd answers these UNKNOWN_COMMAND
-PIPELINED = ("put-pipe", "rd-pipe", "load")
+WORKLOADS = ("put", "rd", "cycle", "put-pipe", "rd-pipe", "load", "put-unique", "rd-batch")
+SMALLSTALK_ONLY = ("put-unique", "rd-batch")  # beanstalkd does not serve these
+PIPELINED = ("put-pipe", "rd-pipe", "load", "rd-batch")
 # Commands that make one op (what CPU per command divides by).
 COMMANDS_PER_OP = {"put": 1, "rd": 2, "cycle": 3, "put-pipe": 1, "rd-pipe": 2, "load": 1,
-                   "put-unique": 1}
+                   "put-unique": 1, "rd-batch": 1}  # rd-batch: a delete, 1/depth of a reserve
 
 RESERVE = b"reserve-with-timeout 0\r\n"
 
@@ -155,6 +156,8 @@ def _reply(buf: bytes, pos: int):
     if i < 0:
         return None
     line = buf[pos:i]
+    if line[:14] == b"RESERVED_BATCH":  # its RESERVED replies follow, each on its own
+        return line, i + 2
     if line[:8] == b"RESERVED" or line[:5] == b"FOUND" or line[:2] == b"OK":
         end = i + 2 + int(line.rsplit(b" ", 1)[1]) + 2
         if len(buf) < end:
@@ -189,6 +192,7 @@ def _drive(conns, workload, depth, total, max_ops, body_size, deadline, rate=0.0
     put = put_command(body_size)
     put_batch = put * depth
     reserve_batch = RESERVE * depth
+    batch_cmd = b"reserve-batch %d 0\r\n" % depth
     ep = select.epoll()
     by_fd = {}
     for c in conns:
@@ -284,6 +288,9 @@ def _drive(conns, workload, depth, total, max_ops, body_size, deadline, rate=0.0
         elif workload == "rd-pipe":
             c.outstanding = depth
             send(c, reserve_batch)
+        elif workload == "rd-batch":
+            c.outstanding = 1  # RESERVED_BATCH says how many follow, or TIMED_OUT
+            send(c, batch_cmd)
         elif workload == "load":
             c.remaining = per_conn_total[i]
             n = min(depth, c.remaining)
@@ -384,7 +391,10 @@ def _drive(conns, workload, depth, total, max_ops, body_size, deadline, rate=0.0
                 if r is None:
                     break
                 line, pos = r
-                if workload == "rd-pipe":
+                if workload == "rd-pipe" or workload == "rd-batch":
+                    if c.state == 0 and line[:15] == b"RESERVED_BATCH ":
+                        c.outstanding = int(line[15:])
+                        continue
                     c.outstanding -= 1
                     if c.state == 0:  # reserving
                         if line[:8] == b"RESERVED":
@@ -416,6 +426,10 @@ def _drive(conns, workload, depth, total, max_ops, body_size, deadline, rate=0.0
                             if c.dry:
                                 c.done = True
                                 live -= 1
+                            elif workload == "rd-batch":
+                                c.state = 0
+                                c.outstanding = 1
+                                send(c, batch_cmd)
                             else:
                                 c.state = 0
                                 c.outstanding = depth

@@ -59,6 +59,7 @@ Commands:
   backup        backup DIR DEST: a consistent copy of a live data directory
   replay        rebuild the state as it was at a sequence number or time
   job-history   the whole life of one job as a timeline
+  explain       explain HOST:PORT ID: why a job is (or is not) handed out now
   analyze       job analytics over AOF archives on Spark (smallstalk[analytics])
   worker        run tasks from tubes (smallstalk.worker)
   help          this text
@@ -73,6 +74,7 @@ TOOL_COMMANDS = {
     "backup": "smallstalk.ops.backup:main",
     "replay": "smallstalk.ops.replay:main",
     "job-history": "smallstalk.ops.job_history:main",
+    "explain": "smallstalk.ops.explain:main",
     "analyze": "smallstalk.analytics:main",
     "worker": "smallstalk.worker:main",
     "config": "smallstalk.ops.config_dump:main",

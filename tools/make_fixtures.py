@@ -390,6 +390,21 @@ class Model:
             j.tube, j.state, j.deadline, j.expires = to, "ready", None, None
             self._maybe_drop(old)
 
+    def move(self, client: str, jid: int, tube: str) -> None:
+        """move-job: the job changes tube in its state (format 7)."""
+        self._record("move", client, id=jid, tube=tube)
+        j = self.jobs[jid]
+        assert j.state != "reserved", j
+        old = self.tubes[j.tube]
+        new = self._tube(tube)
+        old.jobs -= 1
+        new.jobs += 1
+        if j.state == "buried":
+            old.buried.remove(jid)
+            new.buried.append(jid)
+        j.tube = tube
+        self._maybe_drop(old)
+
     def delete_tube(self, client: str, tube: str) -> None:
         self._record("delete-tube", client, tube=tube)
         parent = fanout_parent(tube)
@@ -706,6 +721,10 @@ class Client:
         self.gs._send_cmd(b"delete-tube %b" % tube.encode("ascii"), b"DELETED")
         self.m.delete_tube(self.label, tube)
 
+    def move_job(self, jid: int, tube: str) -> None:
+        self.gs._send_cmd(b"move-job %d %b" % (jid, tube.encode("ascii")), b"MOVED")
+        self.m.move(self.label, jid, tube)
+
     def flush_tube(self, tube: str) -> None:
         n = self.gs._int_cmd(b"flush-tube %b" % tube.encode("ascii"), b"FLUSHED")
         assert n == self.m.flush_tube(self.label, tube), n
@@ -903,6 +922,9 @@ def session(data_dir: Path, work: Path) -> Model:
     p2.delete(k1)
     assert p2.put_unique("order-41", "keyed-1 retried", pri=9) == k1  # retained key
     p2.put_unique("order-43", "keyed-3", pri=9)
+    p2.use("moving")  # format 7: move-job, a ready and a delayed job, one record each
+    p2.move_job(p2.put("moving-1", pri=13), "moved")
+    p2.move_job(p2.put("moving-2", pri=14, delay=LONG), "moved")
     p2.use("flaky")  # format 6: an attempt limit buries a job whose TTR ran out (Requeue)
     flaky = p2.put("flaky-1", pri=11, ttr=1)
     y2 = Client(m, srv, "Y2")

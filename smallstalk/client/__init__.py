@@ -69,6 +69,7 @@ from smallstalk.client.errors import (
 )
 from smallstalk.client.replies import (
     REPLY_LINE_MAX,
+    Explanation,
     Job,
     JobRef,
     JobStats,
@@ -84,7 +85,7 @@ from smallstalk.client.sync import Client
 __all__ = [
     "DEFAULT_PORT", "DEFAULT_PRIORITY", "DEFAULT_SERVER", "DEFAULT_TTR", "REPLY_LINE_MAX",
     "SERVERS_ENV", "TOKEN_ENV", "AsyncClient", "BadFormat", "BeanstalkError", "Buried", "Client",
-    "CommandError", "ConnectionFailed", "DeadlineSoon", "Draining", "ExpectedCRLF",
+    "CommandError", "ConnectionFailed", "DeadlineSoon", "Draining", "ExpectedCRLF", "Explanation",
     "InternalError", "Job", "JobLike", "JobRef", "JobStats", "JobTooBig", "NotAReplica",
     "NotConnected", "NotFound", "NotIgnored", "NotReloaded", "NotReplicated", "ReadOnly",
     "OutOfMemory", "ProtocolError", "ReadTimeout", "Reply", "ReplyReader",

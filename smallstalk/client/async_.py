@@ -15,7 +15,16 @@ from smallstalk.core import protocol as p
 from .addresses import Servers, resolve_servers, split_address
 from .core import _T, DEFAULT_PRIORITY, DEFAULT_TTR, JobLike, _Core, _Exchange, _Op, _Pause
 from .errors import BeanstalkError, ConnectionFailed, NotConnected, ReadTimeout
-from .replies import Job, JobRef, JobStats, Reply, ReplyReader, ServerStats, TubeStats
+from .replies import (
+    Explanation,
+    Job,
+    JobRef,
+    JobStats,
+    Reply,
+    ReplyReader,
+    ServerStats,
+    TubeStats,
+)
 from .security import security
 
 
@@ -200,6 +209,11 @@ class AsyncClient:
                       tubes: Sequence[str] | None = None) -> Job:
         return await self._run(self._core.reserve(timeout, tubes))
 
+    async def reserve_many(self, count: int, timeout: float | None = None, *,
+                           tubes: Sequence[str] | None = None) -> list[Job]:
+        """Up to `count` jobs in one round trip (`reserve-batch`); as the sync client's."""
+        return await self._run(self._core.reserve_many(count, timeout, tubes))
+
     async def reserve_job(self, job: JobLike) -> Job:
         return await self._run(self._core.reserve_job(job))
 
@@ -241,6 +255,14 @@ class AsyncClient:
 
     async def stats_job(self, job: JobLike) -> JobStats:
         return await self._run(self._core.stats_job(job))
+
+    async def move_job(self, job: JobLike, tube: str) -> None:
+        """Move a ready, delayed or buried job to `tube` (smallstalk only, `move-job`)."""
+        await self._run(self._core.move_job(job, tube))
+
+    async def explain(self, job: JobLike) -> Explanation:
+        """Why the job is (or is not) handed out now (smallstalk only, `explain-job`)."""
+        return await self._run(self._core.explain(job))
 
     async def stats_tube(self, tube: str, *, server: str | None = None) -> TubeStats:
         return await self._run(self._core.stats_tube(tube, server))

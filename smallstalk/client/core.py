@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeAlias, TypeVar
 
 import attrs
@@ -29,7 +29,7 @@ from .errors import (
     TimedOut,
     UnknownCommand,
 )
-from .replies import Job, JobRef, JobStats, Reply, ServerStats, TubeStats, interpret
+from .replies import Explanation, Job, JobRef, JobStats, Reply, ServerStats, TubeStats, interpret
 
 DEFAULT_PRIORITY = 2**31
 DEFAULT_TTR = 60
@@ -368,11 +368,27 @@ class _Core:
         self.watching = tubes
 
     def reserve(self, timeout: float | None, tubes: Sequence[str] | None) -> _Op[Job]:
+        return (yield from self._reserve(p.Reserve, timeout, tubes))
+
+    def reserve_many(self, count: int, timeout: float | None,
+                     tubes: Sequence[str] | None) -> _Op[list[Job]]:
+        """`reserve-batch`: up to `count` jobs of one server in one round trip."""
+        n = _check_uint(count, "count", p.RESERVE_BATCH_MAX)
+        if n == 0:
+            raise ValueError("count must be at least 1")
+
+        def batch(secs: int | None) -> p.ReserveBatch:
+            return p.ReserveBatch(n, 2**31 - 1 if secs is None else secs)
+        return (yield from self._reserve(batch, timeout, tubes))
+
+    def _reserve(self, make: Callable[[int | None], p.Command], timeout: float | None,
+                 tubes: Sequence[str] | None) -> _Op[Any]:
+        """A reserve command made by `make(seconds)`, waited for as `reserve` does."""
         if tubes is not None:
             self.set_watching(tubes)
         if not self.multi:
             secs = None if timeout is None else _seconds(timeout)
-            return (yield from self.one(0, p.Reserve(secs), secs))
+            return (yield from self.one(0, make(secs), secs))
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             start = self._next_reserve
@@ -381,7 +397,7 @@ class _Core:
             last: ConnectionFailed | ReadOnly | None = None
             for i in self._live(start):
                 try:
-                    return (yield from self.one(i, p.Reserve(0)))
+                    return (yield from self.one(i, make(0)))
                 except TimedOut:
                     reachable += 1
                 except (ConnectionFailed, ReadOnly) as e:
@@ -397,7 +413,7 @@ class _Core:
             i = self._live(start)[0]
             secs = _seconds(self.poll_interval if left is None else min(self.poll_interval, left))
             try:
-                return (yield from self.one(i, p.Reserve(secs), secs))
+                return (yield from self.one(i, make(secs), secs))
             except TimedOut:
                 pass
             except (ConnectionFailed, ReadOnly):
@@ -476,6 +492,14 @@ class _Core:
     def stats_job(self, job: JobLike) -> _Op[JobStats]:
         i, jid = self.locate(job)
         return (yield from self.one(i, p.StatsJob(jid)))
+
+    def move_job(self, job: JobLike, tube: str) -> _Op[None]:
+        i, jid = self.locate(job)
+        yield from self.one(i, p.MoveJob(jid, _check_tube(tube)))
+
+    def explain(self, job: JobLike) -> _Op[Explanation]:
+        i, jid = self.locate(job)
+        return (yield from self.one(i, p.ExplainJob(jid)))
 
     def stats_tube(self, tube: str, server: str | None) -> _Op[TubeStats]:
         return (yield from self.one(self._one_server(server), p.StatsTube(_check_tube(tube))))

@@ -63,6 +63,35 @@ def _yaml_list(body: bytes) -> list[str]:
     return out
 
 
+@attrs.frozen
+class Explanation:
+    """`explain-job`'s answer: the job's state and every reason that holds now."""
+
+    id: int
+    tube: str
+    state: str
+    pri: int
+    reasons: list[str]
+
+
+def _explanation(body: bytes) -> Explanation:
+    fields: dict[str, str] = {}
+    reasons: list[str] = []
+    for line in body.decode("utf-8", "replace").splitlines():
+        if line.startswith("- "):
+            v = line[2:].strip()
+            if len(v) >= 2 and v[0] == v[-1] == '"':
+                v = v[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+            reasons.append(v)
+        elif line and line != "---" and not line.startswith("reasons:"):
+            fields.update(_yaml_map(line.encode()))
+    try:
+        return Explanation(int(fields["id"]), fields["tube"], fields["state"],
+                           int(fields["pri"]), reasons)
+    except (KeyError, ValueError):
+        raise ProtocolError(f"malformed explain-job reply: {body[:200]!r}") from None
+
+
 _S = TypeVar("_S", "JobStats", "TubeStats", "ServerStats")
 
 
@@ -205,12 +234,14 @@ class Reply:
     word: bytes
     args: tuple[bytes, ...]
     body: bytes | None = None
+    parts: tuple[Reply, ...] = ()  # RESERVED_BATCH: its RESERVED replies
 
 
 _INSERTED, _USING, _WATCHING = word_of(p.inserted(0)), word_of(p.using("")), word_of(p.watching(0))
 _KICKED, _OK = word_of(p.KICKED), word_of(p.OK)
 _DUPLICATE = word_of(p.duplicate(0))  # put-unique: the key's job exists (same id: success)
 _RESERVED, _FOUND = p.RESERVED_WORD, p.FOUND_WORD
+_RESERVED_BATCH = b"RESERVED_BATCH"
 # Words followed by a body, and their argument count ("OK" alone answers `auth`).
 _WITH_BODY = {_RESERVED: 2, _FOUND: 2, _OK: 1}
 
@@ -225,6 +256,7 @@ class ReplyReader:
         self.max_body = max_body
         self._buf = bytearray()
         self._head: tuple[bytes, tuple[bytes, ...], int] | None = None
+        self._batch: tuple[int, list[Reply]] | None = None  # RESERVED_BATCH being read
 
     def feed(self, data: bytes | bytearray) -> None:
         self._buf += data
@@ -233,6 +265,28 @@ class ReplyReader:
         return len(self._buf)
 
     def next_reply(self) -> Reply | None:
+        """The next whole reply; a RESERVED_BATCH comes as one, its RESERVED
+        replies in `parts`."""
+        if self._batch is None:
+            one = self._next_one()
+            if one is None or one.word != _RESERVED_BATCH:
+                return one
+            if (len(one.args) != 1 or not one.args[0].isdigit()
+                    or not 1 <= int(one.args[0]) <= p.RESERVE_BATCH_MAX):
+                raise ProtocolError(f"malformed RESERVED_BATCH line: {one.args!r}")
+            self._batch = (int(one.args[0]), [])
+        n, got = self._batch
+        while len(got) < n:
+            one = self._next_one()
+            if one is None:
+                return None
+            if one.word != _RESERVED:
+                raise ProtocolError(f"{one.word.decode()} inside a RESERVED_BATCH reply")
+            got.append(one)
+        self._batch = None
+        return Reply(_RESERVED_BATCH, (b"%d" % n,), None, tuple(got))
+
+    def _next_one(self) -> Reply | None:
         buf = self._buf
         if self._head is None:
             end = buf.find(b"\r\n", 0, REPLY_LINE_MAX)
@@ -291,6 +345,8 @@ _SUCCESS: dict[type, tuple[bytes, Any]] = {
     p.PutUnique: (_INSERTED, lambda r, s: JobRef(_int_arg(r), s)),
     p.Reserve: (_RESERVED, _job),
     p.ReserveJob: (_RESERVED, _job),
+    p.MoveJob: (b"MOVED", None),
+    p.ReserveBatch: (_RESERVED_BATCH, lambda r, s: [_job(x, s) for x in r.parts]),
     p.Delete: (word_of(p.DELETED), None),
     p.Release: (word_of(p.RELEASED), None),
     p.Bury: (word_of(p.BURIED), None),
@@ -321,6 +377,7 @@ _SUCCESS: dict[type, tuple[bytes, Any]] = {
     p.ReloadConfig: (word_of(p.RELOADED), None),
     p.ExtStats: (_OK, lambda r, s: _yaml_map(_ok_body(r))),
     p.ExtStatsTube: (_OK, lambda r, s: _yaml_map(_ok_body(r))),
+    p.ExplainJob: (_OK, lambda r, s: _explanation(_ok_body(r))),
 }
 
 

@@ -14,7 +14,16 @@ from smallstalk.core import protocol as p
 from .addresses import Servers, resolve_servers, split_address
 from .core import _T, DEFAULT_PRIORITY, DEFAULT_TTR, JobLike, _Core, _Exchange, _Op, _Pause
 from .errors import BeanstalkError, ConnectionFailed, NotConnected, ReadTimeout
-from .replies import Job, JobRef, JobStats, Reply, ReplyReader, ServerStats, TubeStats
+from .replies import (
+    Explanation,
+    Job,
+    JobRef,
+    JobStats,
+    Reply,
+    ReplyReader,
+    ServerStats,
+    TubeStats,
+)
 from .security import security
 
 
@@ -227,6 +236,13 @@ class Client:
         the watched tubes (in the same round trip). Raises TimedOut, DeadlineSoon."""
         return self._run(self._core.reserve(timeout, tubes))
 
+    def reserve_many(self, count: int, timeout: float | None = None, *,
+                     tubes: Sequence[str] | None = None) -> list[Job]:
+        """Up to `count` (1-1000) jobs in one round trip (`reserve-batch`,
+        smallstalk only), waiting as `reserve` does when none is ready; each
+        job has its own TTR. Raises TimedOut, DeadlineSoon."""
+        return self._run(self._core.reserve_many(count, timeout, tubes))
+
     def reserve_job(self, job: JobLike) -> Job:
         """Reserve this job whatever its state (beanstalkd 1.12 and smallstalk)."""
         return self._run(self._core.reserve_job(job))
@@ -278,6 +294,16 @@ class Client:
 
     def stats_job(self, job: JobLike) -> JobStats:
         return self._run(self._core.stats_job(job))
+
+    def move_job(self, job: JobLike, tube: str) -> None:
+        """Move a ready, delayed or buried job to `tube`, keeping its id
+        (smallstalk only, `move-job`; NotFound if it is reserved or gone)."""
+        self._run(self._core.move_job(job, tube))
+
+    def explain(self, job: JobLike) -> Explanation:
+        """Why the job is (or is not) handed out now: its state and every
+        reason that holds (smallstalk only, `explain-job`)."""
+        return self._run(self._core.explain(job))
 
     def stats_tube(self, tube: str, *, server: str | None = None) -> TubeStats:
         """With several servers, say which one (`server=`)."""

@@ -13,6 +13,7 @@ import os
 import time
 from typing import Any
 
+from smallstalk.core.explain import explain
 from smallstalk.core.model import STATE_BY_NAME, STATE_NAMES
 from smallstalk.core.state import DELAYED, NS, RESERVED, body_len
 from smallstalk.core.stats import job_key_stats, job_stats, tube_stats
@@ -91,7 +92,10 @@ def job(lp: MutationLoop, jid: int, body_limit: int) -> dict[str, Any] | None:
         error = ""
     except Exception as e:  # a read-behind read that failed: say so, the page still shows
         body, error = b"", str(e)
-    return {"stats": stats, "body": body, "size": body_len(j.body), "body_error": error}
+    why = explain(st, jid, lp.now, lp.peer_of) or []
+    reasons = next((v for k, v in why if k == "reasons"), [])
+    return {"stats": stats, "body": body, "size": body_len(j.body), "body_error": error,
+            "reasons": reasons}
 
 
 def counters(lp: MutationLoop) -> dict[str, Any]:

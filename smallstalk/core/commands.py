@@ -238,6 +238,32 @@ class ExtStatsTube:
 
 
 @attrs.frozen(slots=True)
+class ExplainJob:
+    """`explain-job <id>`: the job's state and every reason it is not handed out now."""
+
+    id: int
+
+
+RESERVE_BATCH_MAX = 1000  # jobs one reserve-batch may ask for
+
+
+@attrs.frozen(slots=True)
+class ReserveBatch:
+    """`reserve-batch <n> <timeout>`: up to n ready jobs in one reply."""
+
+    count: int
+    timeout: int
+
+
+@attrs.frozen(slots=True)
+class MoveJob:
+    """`move-job <id> <tube>`: a ready, delayed or buried job to another tube."""
+
+    id: int
+    tube: str
+
+
+@attrs.frozen(slots=True)
 class ErrorReply:
     """Malformed input: answer `reply` and go on with the next command.
 
@@ -254,7 +280,8 @@ Command = (
     | PeekReady | PeekDelayed | PeekBuried | Kick | KickJob | StatsJob | StatsTube | Stats
     | ListTubes | ListTubeUsed | ListTubesWatched | PauseTube | Quit | Replicate | ReplicaAck
     | PromoteReplica | DeleteTube | ConfigDump | ReloadConfig | Auth | ListJobs | FlushTube
-    | ExtStats | ExtStatsTube | PutUnique
+    | ExtStats | ExtStatsTube | PutUnique | ExplainJob | ReserveBatch
+    | MoveJob
 )
 Event = Command | ErrorReply
 
@@ -311,6 +338,10 @@ def render(cmd: Command) -> bytes:
         return b"auth %s\r\n" % cmd.token.encode()
     if t is ExtStats:
         return b"ext-stats\r\n"
+    if t is MoveJob:
+        return b"move-job %d %s\r\n" % (cmd.id, cmd.tube.encode())
+    if t is ReserveBatch:
+        return b"reserve-batch %d %d\r\n" % (cmd.count, cmd.timeout)
     if t is ExtStatsTube:
         return b"ext-stats-tube %s\r\n" % cmd.tube.encode()
     name = _NAMES[t]
@@ -327,6 +358,6 @@ _NAMES = {
     Ignore: b"ignore", StatsTube: b"stats-tube", PeekReady: b"peek-ready",
     PeekDelayed: b"peek-delayed", PeekBuried: b"peek-buried", Stats: b"stats",
     ListTubes: b"list-tubes", ListTubeUsed: b"list-tube-used",
-    ListTubesWatched: b"list-tubes-watched", Quit: b"quit",
+    ListTubesWatched: b"list-tubes-watched", Quit: b"quit", ExplainJob: b"explain-job",
 }
-_ID_COMMANDS = (ReserveJob, Delete, Touch, Peek, KickJob, StatsJob)
+_ID_COMMANDS = (ReserveJob, Delete, Touch, Peek, KickJob, StatsJob, ExplainJob)

@@ -47,6 +47,7 @@ from smallstalk.core.commands import (
     QUIT,
     RELOAD_CONFIG,
     RESERVE,
+    RESERVE_BATCH_MAX,
     STATS,
     Auth,
     Bury,
@@ -55,12 +56,14 @@ from smallstalk.core.commands import (
     DeleteTube,
     ErrorReply,
     Event,
+    ExplainJob,
     ExtStatsTube,
     FlushTube,
     Ignore,
     Kick,
     KickJob,
     ListJobs,
+    MoveJob,
     PauseTube,
     Peek,
     Put,
@@ -69,6 +72,7 @@ from smallstalk.core.commands import (
     ReplicaAck,
     Replicate,
     Reserve,
+    ReserveBatch,
     ReserveJob,
     StatsJob,
     StatsTube,
@@ -297,6 +301,14 @@ def valid_key(key: bytes) -> bool:
     return 0 < len(key) <= KEY_MAX and all(c in NAME_CHARS for c in key)
 
 
+def _p_reserve_batch(rest: bytes) -> Command:
+    count, pos = _read_uint(rest, 0, RESERVE_BATCH_MAX, False)
+    timeout, pos = _read_uint(rest, pos, U32_MAX, True)
+    if count == 0 or pos != len(rest):
+        raise _Bad
+    return ReserveBatch(count, timeout)
+
+
 def _p_auth(rest: bytes) -> Command:
     if not rest or not all(0x21 <= b <= 0x7E for b in rest):
         raise _Bad
@@ -389,6 +401,8 @@ def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHea
             if pos != len(line):
                 return ErrorReply(BAD_FORMAT, Put)
             return _PutHeader(pri, delay, max(ttr, 1), size)
+        if line.startswith(b"reserve-batch "):  # before `reserve`, which is a prefix of it
+            return _p_reserve_batch(line[len(b"reserve-batch "):])
         for prefix, what in _TABLE:
             if line.startswith(prefix):
                 if callable(what):
@@ -422,6 +436,13 @@ def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHea
             return _p_auth(line[len(b"auth "):])
         if line == b"ext-stats":
             return EXT_STATS
+        if line.startswith(b"explain-job "):
+            return ExplainJob(_read_uint(line, len(b"explain-job "), U64_MAX, True)[0])
+        if line.startswith(b"move-job "):
+            jid, pos = _read_uint(line, len(b"move-job "), U64_MAX, False)
+            if pos >= len(line) or line[pos] != 0x20:
+                raise _Bad
+            return MoveJob(jid, _tube(line[pos + 1:]))
         if line.startswith(b"ext-stats-tube "):
             return ExtStatsTube(_tube(line[len(b"ext-stats-tube "):]))
     except _BadCounted as e:

@@ -25,7 +25,8 @@ import cbor2
 
 # 2: PutJobs, Expire, DeleteTube; snapshot items for big tubes. 3: `jobs` items. 4: FlushTube.
 # 5: PutUnique, `keys` snapshot items. 6: Requeue, Limits, Fire; `limit`, `schedule`, `hold`
-FORMAT_VERSION = 6
+# 7: Move
+FORMAT_VERSION = 7
 
 
 @attrs.frozen(slots=True)
@@ -44,7 +45,8 @@ class Put:
 
 @attrs.frozen(slots=True)
 class Reserve:
-    """Job `id` granted to `conn` (reserve, reserve-with-timeout, reserve-job)."""
+    """Job `id` granted to `conn` (reserve, reserve-with-timeout, reserve-job; one
+    per job of a reserve-batch)."""
 
     CODE: ClassVar[int] = 2
     seq: int
@@ -358,6 +360,20 @@ class Fire:
     body: bytes
 
 
+@attrs.frozen(slots=True)
+class Move:
+    """`move-job id tube` (format 7): the ready, delayed or buried job `id`
+    goes to `tube` in the same state, keeping its id, priority, statistics,
+    delay deadline, expiry, idempotency key and hold."""
+
+    CODE: ClassVar[int] = 25
+    seq: int
+    time: int
+    conn: int
+    id: int
+    tube: str
+
+
 # --- volatile: applied, never logged --------------------------------------
 
 
@@ -392,12 +408,12 @@ LOGGED_TYPES = (
     Put, Reserve, Delete, Release, Bury, Touch, Kick, Use, Watch, Ignore, PauseTube,
     Disconnect, Promote, Timeout, Restart, NewEpoch, PutJobs, Expire, DeleteTube, FlushTube,
     PutUnique,
-    Requeue, Limits, Fire,
+    Requeue, Limits, Fire, Move,
 )
 Record = (
     Put | Reserve | Delete | Release | Bury | Touch | Kick | Use | Watch | Ignore | PauseTube
     | Disconnect | Promote | Timeout | Restart | NewEpoch | PutJobs | Expire | DeleteTube
-    | FlushTube | PutUnique | Requeue | Limits | Fire | Connect | WaitStart | WaitStop
+    | FlushTube | PutUnique | Requeue | Limits | Fire | Move | Connect | WaitStart | WaitStop
 )
 
 for _cls in LOGGED_TYPES:
@@ -414,7 +430,7 @@ OP_NAMES: dict[type, str] = {
     Timeout: "timeout", Restart: "restart", NewEpoch: "new-epoch", PutJobs: "put-jobs",
     Expire: "expire", DeleteTube: "delete-tube", FlushTube: "flush-tube",
     PutUnique: "put-unique",
-    Requeue: "requeue", Limits: "limits", Fire: "fire",
+    Requeue: "requeue", Limits: "limits", Fire: "fire", Move: "move",
 }
 # The records that make jobs from a body (their body is the last field).
 PUT_TYPES = (Put, PutJobs, PutUnique)

@@ -60,6 +60,16 @@ def job_reply(word: bytes, job_id: int, body: bytes) -> bytes:
     return b"%s %d %d\r\n%s\r\n" % (word, job_id, len(body), body)
 
 
+def moved(tube: str) -> bytes:
+    """`move-job`'s success: `MOVED <tube>`."""
+    return b"MOVED %s\r\n" % tube.encode()
+
+
+def reserved_batch(jobs: list[tuple[int, bytes]]) -> bytes:
+    """`RESERVED_BATCH <n>` and n RESERVED replies (reserve-batch; n >= 1)."""
+    return b"RESERVED_BATCH %d\r\n" % len(jobs) + b"".join(reserved(i, b) for i, b in jobs)
+
+
 def reserved(job_id: int, body: bytes) -> bytes:
     return job_reply(RESERVED_WORD, job_id, body)
 

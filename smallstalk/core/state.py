@@ -85,7 +85,7 @@ class State(Moves, Queries):
             r.DeleteTube: self._delete_tube, r.FlushTube: self._flush_tube,
             r.PutUnique: self._put_unique,
             r.Requeue: self._requeue, r.Limits: self._limits, r.Fire: self._fire,
-            r.Connect: self._connect, r.WaitStart: self._wait_start, r.WaitStop: self._wait_stop,
+            r.Move: self._move, r.Connect: self._connect, r.WaitStart: self._wait_start, r.WaitStop: self._wait_stop,
         }
 
     def apply(self, rec: r.Record) -> None:
@@ -240,6 +240,26 @@ class State(Moves, Queries):
             self._arrive(j, self.add_tube(to))
             self._enter_ready(j)
             self._maybe_drop(old)
+
+    def _move(self, rec: r.Move) -> None:
+        self._conn(rec.conn)
+        j = self._job(rec.id)
+        st = j.state
+        if st == RESERVED or rec.tube == j.tube.name:
+            raise StateError(f"job {rec.id} is reserved or already in tube {rec.tube!r}")
+        deadline, hold = j.deadline, self.holds.get(j.id)
+        self._leave(j)  # which drops a hold; the job keeps it where it goes
+        old = self._depart(j)
+        self._arrive(j, self.add_tube(rec.tube))
+        if st == READY:
+            self._enter_ready(j)
+        elif st == DELAYED:
+            self.enter_delayed(j, deadline)
+        else:
+            self.enter_buried(j)
+        if hold is not None:
+            self.holds[j.id] = hold
+        self._maybe_drop(old)
 
     def _delete_tube(self, rec: r.DeleteTube) -> None:
         self._conn(rec.conn)

@@ -112,6 +112,8 @@ def details(rec: records.Record) -> str:
                                     if to else "deleted") for i, to, expires in rec.moves)
     if t is r.DeleteTube:
         return f"tube {rec.tube}  (no more fanout copies)"
+    if t is r.Move:
+        return f"moved to tube {rec.tube}"
     if t is r.Requeue:
         cause = ("timeout", "release", "disconnect")[rec.cause] if 0 <= rec.cause < 3 else "?"
         pri = f"  pri {rec.pri}" if rec.cause == r.REQUEUE_RELEASE else ""
@@ -181,6 +183,10 @@ class TubeOfJobs:
                 hit = hit or self.tubes.get(jid) in wanted or to in wanted
                 if to:
                     self.tubes[jid] = to
+            return hit
+        if t is r.Move:
+            hit = self.tubes.get(rec.id) in wanted or rec.tube in wanted
+            self.tubes[rec.id] = rec.tube
             return hit
         if t is r.Expire:
             hit = False

@@ -173,6 +173,12 @@ class _JobTracker:
             for i, to, expires in rec.moves:
                 if i == jid:
                     self._expire(rec, to, expires)
+        elif t is r.Move:
+            if rec.id == jid:
+                was = f" from {self.tube}" if self.tube else ""
+                self.tube = self.h.tube = rec.tube
+                self.step(rec, "move", self.state or "?",
+                          f"moved by conn {rec.conn}{was} to {rec.tube} (move-job)", rec.conn)
         elif t is r.FlushTube:
             if jid in rec.ids:
                 others = len(rec.ids) - 1

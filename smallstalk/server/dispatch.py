@@ -15,6 +15,7 @@ import hashlib
 import logging
 from typing import Protocol
 
+from smallstalk.core import explain
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.model import STATE_BY_NAME
@@ -25,6 +26,7 @@ from smallstalk.server import stats as server_stats
 from smallstalk.server.admin import AUTH_FAIL_DELAY, AdminPolicy, token_matches
 from smallstalk.server.policy import Policies, TubePolicy, render
 from smallstalk.server.session import Session
+from smallstalk.storage.bodies import BodyError
 
 log = logging.getLogger("smallstalk.server.dispatch")
 
@@ -71,6 +73,8 @@ class Loop(server_stats.Observed, Protocol):
     def replicated(self, seq: int) -> bool: ...
 
     def reload_config(self) -> str | None: ...
+
+    def peer_of(self, cid: int) -> str | None: ...
 
 
 def put(lp: Loop, s: Session, cmd: p.Put):
@@ -210,6 +214,57 @@ def reserve(lp: Loop, s: Session, cmd: p.Reserve):
     return BLOCK
 
 
+def reserve_batch(lp: Loop, s: Session, cmd: p.ReserveBatch):
+    """Up to `count` ready jobs, one Reserve record each: `RESERVED_BATCH <n>`
+    then n `RESERVED` replies; with none ready it waits as reserve-with-timeout
+    does, and the loop's grant fills the batch (`batch_reply`)."""
+    lp.count("cmd-reserve-batch")
+    s.worker = True
+    st = lp.state
+    if not st.has_ready(s.id) and st.deadline_soon(s.id, lp.now):
+        return p.DEADLINE_SOON
+    job = st.best_ready(s.id, lp.now)
+    if job is not None:
+        return batch_reply(lp, s.id, job, cmd.count)
+    if cmd.timeout == 0 or s.halfclosed:
+        return p.TIMED_OUT
+    s.batch = cmd.count
+    lp.volatile(r.WaitStart, s.id, lp.now + cmd.timeout * NS)
+    return BLOCK
+
+
+def batch_reply(lp: Loop, cid: int, job, count: int) -> bytes:
+    """Reserve `job` for `cid`, then the next best ready jobs up to `count`
+    in all, and answer them in one reply: a job is reserved only if it is in it.
+
+    The first job is reserved as a plain reserve's (its record ends a wait,
+    then its body is read); each further one only once its body is read, so
+    a body that cannot be read ends the batch short instead of reserving a
+    job the reply does not carry."""
+    lp.log(r.Reserve, cid, job.id)
+    out = [(job.id, lp.body_of(job))]
+    while len(out) < count:
+        job = lp.state.best_ready(cid, lp.now)
+        if job is None:
+            break
+        try:
+            body = lp.body_of(job)
+        except BodyError as e:
+            log.error("reserve-batch ends at %d jobs: job %d: %s", len(out), job.id, e)
+            break
+        lp.log(r.Reserve, cid, job.id)
+        out.append((job.id, body))
+    return p.reserved_batch(out)
+
+
+def explain_job(lp: Loop, s: Session, cmd: p.ExplainJob):
+    lp.count("cmd-explain-job")
+    pairs = explain.explain(lp.state, cmd.id, lp.now, lp.peer_of)
+    if pairs is None:
+        return p.NOT_FOUND
+    return p.ok_yaml(explain.render(pairs))
+
+
 def reserve_job(lp: Loop, s: Session, cmd: p.ReserveJob):
     lp.count("cmd-reserve-job")
     job = lp.state.jobs.get(cmd.id)
@@ -335,6 +390,18 @@ def kick_job(lp: Loop, s: Session, cmd: p.KickJob):
         return p.NOT_FOUND
     lp.log(r.Kick, s.id, (cmd.id,))
     return p.KICKED
+
+
+def move_job(lp: Loop, s: Session, cmd: p.MoveJob):
+    """A ready, delayed or buried job to another tube, as one Move record."""
+    lp.count("cmd-move-job")
+    job = lp.state.jobs.get(cmd.id)
+    if job is None or job.state == RESERVED:
+        return p.NOT_FOUND
+    if job.tube.name == cmd.tube:
+        return p.moved(cmd.tube)  # already there: nothing to log
+    lp.log(r.Move, s.id, cmd.id, cmd.tube)
+    return p.moved(cmd.tube)
 
 
 def stats_job(lp: Loop, s: Session, cmd: p.StatsJob):
@@ -497,13 +564,15 @@ HANDLERS = {
     p.ReplicaAck: replica_ack, p.PromoteReplica: promote, p.DeleteTube: delete_tube,
     p.ConfigDump: config, p.ReloadConfig: reload_config, p.ListJobs: list_jobs,
     p.FlushTube: flush_tube, p.Auth: auth, p.ExtStats: ext_stats,
-    p.ExtStatsTube: ext_stats_tube, p.PutUnique: put_unique,
+    p.ExtStatsTube: ext_stats_tube, p.PutUnique: put_unique, p.ExplainJob: explain_job,
+    p.ReserveBatch: reserve_batch, p.MoveJob: move_job,
 }
 
 # Refused on a replica (READ_ONLY): they change the queue or need a record.
 MUTATING = frozenset({
     p.Put, p.Reserve, p.ReserveJob, p.Delete, p.Release, p.Bury, p.Touch, p.Kick,
     p.KickJob, p.PauseTube, p.Watch, p.Ignore, p.DeleteTube, p.FlushTube, p.PutUnique,
+    p.ReserveBatch, p.MoveJob,
 })
 
 # The admin commands: with --admin-token-file they need `auth` first; without

@@ -16,10 +16,10 @@ back, in one place (`stats-job` with --extended-stats, the console).
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Protocol
 
 from smallstalk.core import records as r
+from smallstalk.core.explain import iso as _iso
 from smallstalk.core.state import NS, Job, State
 from smallstalk.server.policy import Policies, TubePolicy
 
@@ -172,13 +172,6 @@ def sync_limits(lp: Loop) -> None:
         return
     for fields in limits_changes(lp.state, lp.policies):
         lp.log(r.Limits, *fields)
-
-
-def _iso(ns: int) -> str:
-    """UTC, to the millisecond when there is a fraction (rate tokens come apart)."""
-    t = dt.datetime.fromtimestamp(ns // NS, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
-    ms = ns % NS // 1_000_000
-    return f"{t}.{ms:03d}Z" if ms else f"{t}Z"
 
 
 def reason_text(st: State, jid: int, now: int) -> str:

@@ -453,6 +453,11 @@ class MutationLoop:
     def _tube_memory(self, tube: str) -> int:
         return self.policies.of(tube).max_memory
 
+    def peer_of(self, cid: int) -> str | None:
+        """Connection `cid`'s address as it connected ("unix" or "local" without one)."""
+        s = self.sessions.get(cid)
+        return None if s is None else (s.peer or s.transport)
+
     def body_of(self, job) -> bytes:
         """A job's body, read back from disk if read-behind keeps it there.
 
@@ -697,6 +702,7 @@ class MutationLoop:
         """End the wait of `s`'s reserve with `reply` (TIMED_OUT, DEADLINE_SOON)."""
         self.commit.note_seen(s)
         self.volatile(r.WaitStop, s.id)
+        s.batch = 0
         if s.dialect is not None:
             reply = s.dialect.wait_ended(reply)
         self._answer(s, reply)
@@ -753,9 +759,12 @@ class MutationLoop:
                 # records end the wait) and answers in its own words.
                 reply = s.dialect.granted(self, s, job)
             else:
-                self.log(r.Reserve, cid, job.id)
                 try:
-                    reply = p.reserved(job.id, self.body_of(job))
+                    if s.batch:
+                        reply, s.batch = dispatch.batch_reply(self, cid, job, s.batch), 0
+                    else:
+                        self.log(r.Reserve, cid, job.id)
+                        reply = p.reserved(job.id, self.body_of(job))
                 except BodyError as e:
                     log.error("answering INTERNAL_ERROR: %s", e)
                     reply = p.INTERNAL_ERROR

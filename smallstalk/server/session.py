@@ -26,6 +26,7 @@ class Session:
         "id", "pending", "out", "out_mut", "blocked", "halfclosed", "closing", "producer",
         "worker", "deliver", "wait_deadline", "feed", "view_use", "inflight", "pending_bytes",
         "need", "owed", "held", "resume", "peer", "transport", "admin", "deferred", "dialect",
+        "batch",
     )
 
     def __init__(self, sid: int, deliver: Callable, resume: Callable,
@@ -74,6 +75,7 @@ class Session:
         # None for beanstalkd's: a wait it started ends in its own words
         # (`granted`, `wait_ended`; see MutationLoop.grant_waiters, answer_wait).
         self.dialect = dialect
+        self.batch = 0  # a waiting reserve-batch's count (0: a plain reserve waits)
 
 
 def sent(s: Session, n: int) -> None:

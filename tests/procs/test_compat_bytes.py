@@ -439,8 +439,12 @@ SMALLSTALK_ONLY = (
     b"replicate 1 - 0\r\n", b"replica-ack 1\r\n", b"promote\r\n", b"delete-tube a+b\r\n",
     b"config\r\n", b"reload-config\r\n", b"auth s3cr3t\r\n", b"ext-stats\r\n",
     b"ext-stats-tube default\r\n", b"list-jobs default ready 0 10\r\n",
-    b"flush-tube default\r\n", b"put-expiring 0 0 60 5 1\r\n",
+    b"flush-tube default\r\n", b"put-expiring 0 0 60 5 1\r\n", b"explain-job 1\r\n",
+    b"move-job 1 other\r\n",
 )
+# ...except reserve-batch: beanstalkd reads any line that starts with `reserve`
+# as a reserve, and answers BAD_FORMAT (the name is the one its maintainers sketched).
+BAD_FORMAT_IN_BEANSTALKD = (b"reserve-batch 2 0\r\n",)
 
 
 @needs_beanstalkd
@@ -452,6 +456,9 @@ def test_smallstalk_only_commands_are_unknown_to_beanstalkd(tmp_path: Path) -> N
             for line in SMALLSTALK_ONLY:
                 w.sock.sendall(line)
                 assert w.read_reply() == b"UNKNOWN_COMMAND\r\n", line
+            for line in BAD_FORMAT_IN_BEANSTALKD:
+                w.sock.sendall(line)
+                assert w.read_reply() == b"BAD_FORMAT\r\n", line
         finally:
             w.close()
     finally:

@@ -127,7 +127,11 @@ def test_kick_a_buried_job_with_the_button(console, browser) -> None:
         for i in range(2):
             c.put(f"kick me {i}")
         for _ in range(2):
-            c.bury(c.reserve(timeout=5))
+            buried = c.reserve(timeout=5)
+            c.bury(buried)
+    browser.get(url + f"/job/{buried.id}")  # the job page says why it does not run
+    assert text(browser, "#explain") == (
+        f"buried (buried 1 times); `kick-job {buried.id}` makes it ready")
     browser.get(url + "/tube/kicks?state=buried")
     assert text(browser, "#count-buried") == "2"
     assert text(browser, "#count-ready") == "0"
