@@ -87,7 +87,7 @@ def image(base: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The image built from the Containerfile in the checkout, as a user builds it offline."""
     wheelhouse = REPO / "wheelhouse"
     run(sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(wheelhouse),
-        f"{REPO}[console]", "setuptools>=77", timeout=600)
+        f"{REPO}[console,ha]", "setuptools>=77", timeout=600)
     # The build makes smallstalk's own wheel from the sources; one built here (its
     # bytes differ with each build) would only defeat podman's cache of the COPY.
     for wheel in wheelhouse.glob("smallstalk-*.whl"):
