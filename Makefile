@@ -13,15 +13,16 @@ HTTP_PORT ?= 11380
 	dist wheelhouse
 
 # Debian packages the tests use: the real beanstalkd to compare with, Java for
-# Spark, Node for the JavaScript clients' own test suites, Chromium for the
-# console, podman, runc, mmdebstrap and podman-compose for the container image
-# and the compose cluster (README: "What make test installs"). The host is left
-# as it was: while apt installs, a policy-rc.d forbids starting services, so
-# Debian's beanstalkd.service and beanstalkd.socket (127.0.0.1:11300, `make
-# run`'s address) do not start; under systemd they are also disabled. Only packages that were missing are
-# touched.
+# Spark, zip for the package the Spark cluster test ships, Node for the
+# JavaScript clients' own test suites, Chromium for the console, podman, runc,
+# mmdebstrap and podman-compose for the container image and the compose
+# cluster, etcd and HAProxy for failover (README: "What make test installs").
+# The host is left as it was: while apt installs, a policy-rc.d forbids
+# starting services, so Debian's beanstalkd.service and beanstalkd.socket
+# (127.0.0.1:11300, `make run`'s address) do not start; under systemd they
+# are also disabled. Only packages that were missing are touched.
 # NEEDS picks the commands (`make bench` needs only beanstalkd).
-NEEDS ?= beanstalkd java npm chromium podman etcd haproxy
+NEEDS ?= beanstalkd java npm chromium podman etcd haproxy zip
 system-packages:
 	@missing=""; needs=" $(NEEDS) "; \
 	case "$$needs" in *" beanstalkd "*) \
@@ -39,6 +40,8 @@ system-packages:
 	  command -v etcd >/dev/null || missing="$$missing etcd-server";; esac; \
 	case "$$needs" in *" haproxy "*) \
 	  command -v haproxy >/dev/null || missing="$$missing haproxy";; esac; \
+	case "$$needs" in *" zip "*) \
+	  command -v zip >/dev/null || missing="$$missing zip";; esac; \
 	[ -z "$$missing" ] && exit 0; \
 	policy=""; \
 	if [ ! -e /usr/sbin/policy-rc.d ]; then \

@@ -15,6 +15,7 @@ import datetime as dt
 import json
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -129,6 +130,65 @@ def brief(e: BaseException) -> str:
     return (named or lines or [type(e).__name__])[-1][:500]
 
 
+MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
+
+
+def explain(e: BaseException, python: str | None = None) -> str:
+    """One line for a failed cluster run: what executors that miss a module need, else `brief`."""
+    found = MISSING_MODULE.search(str(e))
+    if found is None:
+        return brief(e)
+    module = found.group(1).split(".")[0]
+    where = f"the Spark executors' Python ({python})" if python else "the Spark executors"
+    if module == "smallstalk":
+        advice = ("pass the package with --py-files smallstalk.zip "
+                  "(zip -r smallstalk.zip smallstalk, in a checkout)")
+    else:
+        advice = ("install cbor2, attrs and pyarrow in the executors' Python on every node "
+                  "(or ship an environment with --archives; docs/ANALYTICS.md)")
+    return f"{where} cannot import {module}: {advice}"
+
+
+def master_addresses(master: str) -> list[tuple[str, int]]:
+    """The (host, port) pairs of a standalone master URL (spark://h1:p1,h2:p2); [] for others."""
+    if not master.startswith("spark://"):
+        return []
+    out = []
+    for item in master[len("spark://"):].split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"{master}: a standalone master URL is spark://HOST:PORT")
+        out.append((host.strip("[]"), int(port)))
+    return out
+
+
+def unreachable_master(master: str, timeout: float = 5.0) -> str | None:
+    """Why no master of a spark:// URL accepts a connection; None if one does (or not spark://).
+
+    Spark itself would start, wait a minute for the master and then fail with
+    a stack trace; a TCP connect says it at once.
+    """
+    why = []
+    for host, port in master_addresses(master):
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return None
+        except OSError as e:
+            why.append(f"{host}:{port}: {e.strerror or e}")
+    if not why:
+        return None
+    return (f"cannot reach the Spark master {master} ({'; '.join(why)}): start it, or give "
+            "the spark://HOST:PORT it logs (\"Starting Spark master at ...\")")
+
+
+def submitted_master() -> str | None:
+    """The master spark-submit was given (read from its JVM, before a context starts)."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # connects to spark-submit's JVM; starts no context
+    return SparkConf().get("spark.master", None)
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = Parser(prog="smallstalk analyze", description=DESCRIPTION,
                                  epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -155,6 +215,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     help="driver memory when Spark starts here in local mode (default 3g)")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Spark configuration (repeat)")
+    ap.add_argument("--py-files", metavar="FILES",
+                    help="comma-separated .zip/.py files for the executors' Python path, "
+                         "as spark-submit takes them (on a cluster: smallstalk.zip)")
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
     ap.add_argument("--verbose", action="store_true",
                     help="keep Spark's own warnings and errors; raise failures with their trace")
@@ -226,6 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         print(f"smallstalk analyze: {e}", file=sys.stderr)
         return 2
+    py_files = [p for p in (args.py_files or "").split(",") if p]
+    for path in py_files:
+        if "://" not in path and not os.path.isfile(path):
+            print(f"smallstalk analyze: --py-files: {path}: no such file", file=sys.stderr)
+            return 2
     conf = {}
     for item in args.conf:
         key, eq, value = item.partition("=")
@@ -248,7 +316,21 @@ def main(argv: list[str] | None = None) -> int:
     if small and "spark.sql.codegen.wholeStage" not in conf:
         # Compiling whole-stage code takes longer than running small inputs without it.
         conf["spark.sql.codegen.wholeStage"] = "false"
+    master = args.master
+    try:
+        if master is None and "PYSPARK_GATEWAY_PORT" in os.environ:
+            master = submitted_master()
+        why = unreachable_master(master) if master else None
+    except ValueError as e:
+        why = str(e)
+    if why:
+        print(f"smallstalk analyze: {why}", file=sys.stderr)
+        return 2
+    if not args.verbose:
+        conf.setdefault("spark.log.level", "FATAL")  # from the start, not only from setLogLevel
     spark, started_here = session(args.master, conf, args.driver_memory)
+    for path in py_files:
+        spark.sparkContext.addPyFile(path)
     if not args.verbose:
         # Failures are reported below in one line; Spark's own stack traces only with -v.
         spark.sparkContext.setLogLevel("FATAL")
@@ -276,7 +358,11 @@ def main(argv: list[str] | None = None) -> int:
         progress.step("done")
     except Exception as e:  # a Spark failure: say it briefly, not a JVM stack
         progress.close()
-        print(f"smallstalk analyze: failed: {brief(e)}", file=sys.stderr)
+        why = brief(e)
+        if master and not master.startswith("local"):  # executors with a Python of their own
+            sc = spark.sparkContext
+            why = explain(e, sc.getConf().get("spark.pyspark.python", None) or sc.pythonExec)
+        print(f"smallstalk analyze: failed: {why}", file=sys.stderr)
         if args.verbose:
             raise
         return 1

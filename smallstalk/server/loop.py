@@ -98,6 +98,10 @@ class MutationLoop:
         self.max_job_size = max_job_size
         self.now = clock()
         self.started_at = self.now
+        # When this server last began taking changes (its start, a promotion,
+        # a renewed HA lease): schedule firings due before it were missed by
+        # every member, and count as after downtime (schedules.firings).
+        self.serving_since = self.now
         self.sessions: dict[int, Session] = {}
         self.counters: dict[str, int] = {}
         self.tube_counters: dict[str, dict[str, int]] = {}  # volatile, per tube
@@ -271,6 +275,7 @@ class MutationLoop:
         """Take changes from clients (a promotion); the follower is stopped already."""
         self.role, self.follower = "primary", None
         self.read_only = None
+        self.serving_since = self.now
         # New connections go on in this process's range, past every id in the log.
         self._next_conn = max(self._next_conn, self.state.next_conn_id, self._replica_next)
 
@@ -285,6 +290,7 @@ class MutationLoop:
     def unfence(self) -> None:
         """Take changes again (a primary whose lease is renewed)."""
         self.read_only = None
+        self.serving_since = self.now
 
     def hold_lease(self, until: float) -> None:
         """HA: changes may be acknowledged until trio time `until`, and none after it."""

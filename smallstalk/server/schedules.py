@@ -31,7 +31,7 @@ class Loop(Protocol):
     state: State
     policies: Any  # policy.Policies (policy.py imports this module)
     schedules_loaded: dict[str, int]
-    started_at: int
+    serving_since: int
     max_job_size: int
 
     def take_job_id(self) -> int: ...
@@ -188,12 +188,13 @@ def next_due(st: State, schedules: tuple[Schedule, ...], loaded_at: Mapping[str,
 
 
 def firings(st: State, schedules: tuple[Schedule, ...], loaded_at: Mapping[str, int],
-            now: int, started_at: int) -> list[tuple]:
+            now: int, serving_since: int) -> list[tuple]:
     """The Fire records' fields due at `now`, one per schedule at most:
     (schedule, at, make a job?, the schedule). Firings missed while the
-    server was down (before `started_at`) are caught up once (`catch-up =
-    "last"`) or recorded as skipped ("none"); a firing while the last job
-    is still pending is skipped with `skip-if-pending`."""
+    server was down, or took no changes (before `serving_since`: a replica
+    before its promotion, a primary fenced until its lease was renewed), are
+    caught up once (`catch-up = "last"`) or recorded as skipped ("none"); a
+    firing while the last job is still pending is skipped with `skip-if-pending`."""
     out = []
     for sched in schedules:
         nxt = sched.next_after(_anchor(st, sched, loaded_at))
@@ -201,7 +202,7 @@ def firings(st: State, schedules: tuple[Schedule, ...], loaded_at: Mapping[str, 
             continue
         at = sched.last_at_or_before(now)
         make = True
-        if at < started_at and sched.catch_up == "none":
+        if at < serving_since and sched.catch_up == "none":
             make = False
         elif sched.skip_if_pending:
             last = st.schedules.get(sched.name)
@@ -215,7 +216,7 @@ def firings(st: State, schedules: tuple[Schedule, ...], loaded_at: Mapping[str, 
 def fire_due(lp: Loop, now: int) -> None:
     """Log a Fire record for every schedule whose time came (timers.run)."""
     for sched, at, make in firings(lp.state, lp.policies.schedules, lp.schedules_loaded,
-                                   now, lp.started_at):
+                                   now, lp.serving_since):
         if make and len(sched.body) > lp.max_job_size:
             make = False
         job_id = lp.take_job_id() if make else 0

@@ -34,7 +34,7 @@ class Loop(Protocol):
     deferred: list  # heap of (trio time due, session id, session, reply)
     read_only: str | None
     now: int
-    started_at: int
+    serving_since: int
     clock: Callable[[], int]
     schedules_loaded: dict[str, int]  # schedule -> when this server first loaded it (ns)
     max_job_size: int

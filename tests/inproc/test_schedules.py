@@ -1,12 +1,13 @@
 """Schedules (`[[schedules]]`) through the real mutation loop on trio's mock
 clock: one Fire record per firing, skip-if-pending, exactly once across a
-restart, catch-up after downtime, time zones, and one-line errors for a bad
+restart, catch-up after downtime (and after a while fenced), time zones, and one-line errors for a bad
 table. The data directory replays, and a replica reaches, the same state.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 
 import pytest
@@ -101,6 +102,26 @@ async def test_catch_up_after_downtime(tmp_path, autojump_clock, catch_up, made)
     assert [(f.at, f.id) for f in fires] == [(FIRST, 1), (FIRST + 5 * MINUTE, made)]
     await _run_for(tmp_path, 60, config)
     assert [f.id for f in records_of(tmp_path, r.Fire)][-1] > 1  # then on time again
+
+
+@pytest.mark.parametrize("catch_up, made", [("none", 0), ("last", 2)])
+async def test_catch_up_after_a_fenced_while(nursery, tmp_path, autojump_clock, catch_up,
+                                             made) -> None:
+    """Firings due while the server took no changes (HA: its lease lapsed, or
+    it was a replica before its promotion) were missed by every member: when
+    it takes changes again they count as after downtime, not as late."""
+    lp = await started(nursery, tmp_path)
+    await configure(lp, tmp_path, TICKS + f'catch-up = "{catch_up}"\n')
+    await trio.sleep(45)
+    await lp.call(lp.fence, "ha: the leader lease ran out")
+    await trio.sleep(3 * 60)  # three firings missed
+    await lp.call(lp.hold_lease, math.inf)
+    await lp.call(lp.unfence)
+    await trio.sleep(1)
+    assert [(f.at, f.id) for f in records_of(tmp_path, r.Fire)] == [
+        (FIRST, 1), (FIRST + 3 * MINUTE, made)]
+    await trio.sleep(60)
+    assert records_of(tmp_path, r.Fire)[-1].id > 1  # then on time again
 
 
 def test_time_zones_and_errors() -> None:

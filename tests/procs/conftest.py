@@ -1,6 +1,8 @@
-"""Fixtures shared by the replay tools' tests (test_aof_tools, test_replay_tool,
-test_job_history, test_history_reader): the scenario's data directory, made once
-per session, and the same history folded away by the compactor."""
+"""Fixtures shared by process tests: for the replay tools' tests (test_aof_tools,
+test_replay_tool, test_job_history, test_history_reader) the scenario's data
+directory, made once per session, and the same history folded away by the
+compactor; for the HA tests (test_failover, test_policies) a one-member etcd
+(`store`) and three-member clusters on it with a short lease (`cluster_factory`)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,11 @@ import pytest
 
 from smallstalk.storage import aof
 
+from ..support.hacluster import start_cluster, start_etcd
 from ..support.procs import start_smallstalk
 from ..support.toollogs import run_scenario, wait_until
+
+HA_TTL = 2  # --ha-ttl of `cluster_factory`'s members: a failover in seconds
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +42,25 @@ def folded_dir(log_dir: Path, tmp_path_factory) -> Path:
     finally:
         srv.kill()
     return data
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = start_etcd(tmp_path)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def cluster_factory(tmp_path, store):
+    """`make(*flags)`: three members n1..n3 on `store`, each with `flags`; all stopped after."""
+    made = []
+
+    def make(*flags: str):
+        c = start_cluster(tmp_path, store, *flags, ttl=HA_TTL)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.stop()

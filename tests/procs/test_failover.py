@@ -45,34 +45,14 @@ from ..support.hacluster import (
 )
 from ..support.procs import wait_for
 from ..support.threads import start as start_thread
+from .conftest import HA_TTL
 
 pytestmark = [pytest.mark.skipif(ETCD is None, reason="etcd is not installed "
                                  "(make system-packages installs etcd-server)"),
               pytest.mark.timeout(600)]
 
-TTL = 2
+TTL = HA_TTL
 ROUNDS = int(os.environ.get("SMALLSTALK_FAILOVER_ROUNDS", "2"))
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = start_etcd(tmp_path)
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def cluster_factory(tmp_path, store):
-    made = []
-
-    def make(*flags: str):
-        c = start_cluster(tmp_path, store, *flags, ttl=TTL)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.stop()
 
 
 def run_load(c, ledger: Ledger, producers: int = 3, workers: int = 2, tag: str = "",
@@ -272,9 +252,7 @@ def test_loss_of_the_stores_leader_is_no_failover(tmp_path, capsys):
     ttl = 4  # etcd's own election (timeout 1 s here) must fit in a lease
     c = None
     try:
-        from ..support.hacluster import start_cluster as start
-
-        c = start(tmp_path, store, ttl=ttl)
+        c = start_cluster(tmp_path, store, ttl=ttl)
         old = c.wait_leader(30)
         c.wait_members({c.node(i): ("primary" if c.node(i) == old else "replica")
                         for i in range(3)})

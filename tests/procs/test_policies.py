@@ -1,7 +1,9 @@
 """Server-side job policies seen by unchanged clients, against a real server
 process: greenstalk and fivebeans (Node, from npm) see a job buried after N
 timeouts and a tube limited to N reserved jobs; a schedule fires once per
-period across a kill -9 and a restart (read back with `aof dump`).
+period across a kill -9 and a restart, and across an automatic failover of
+a three-member HA cluster, where a tube's limit holds on the new primary too
+(read back with `aof dump`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from pathlib import Path
 import greenstalk
 import pytest
 
+from ..support.bsclient import Client, peek_ids
 from ..support.procs import REPO, smallstalk_cmd, start_smallstalk, wait_for
+from .conftest import HA_TTL
 
 CONFIG = """
 [tubes.flaky]
@@ -189,9 +193,122 @@ def test_a_schedule_and_limits_carry_over_a_promotion(tmp_path: Path) -> None:
     assert [(x["tube"], x["max_reserved"]) for x in limits] == [("narrow", 2)]
 
 
-def _records(data_dir: Path, op: str) -> list[dict]:
-    done = subprocess.run([*smallstalk_cmd(), "aof", "dump", str(data_dir), "--op", op,
-                           "--format", "jsonl"], capture_output=True, text=True, timeout=60,
-                          cwd=REPO)
+def _records(data_dir: Path, *ops: str) -> list[dict]:
+    """The records of these kinds in `data_dir`'s log, in order (`aof dump`)."""
+    done = subprocess.run([*smallstalk_cmd(), "aof", "dump", str(data_dir),
+                           *[x for op in ops for x in ("--op", op)], "--format", "jsonl"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr
     return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+
+
+PERIOD = 3 * 10**9  # SCHEDULE's
+# One schedule per catch-up mode, firing together, and a limited tube.
+FAILOVER_CONFIG = SCHEDULE + """
+[[schedules]]
+name = "tock"
+tube = "tocks"
+cron = "*/3 * * * * *"
+body = "tock"
+catch-up = "last"
+
+[tubes.narrow]
+max-reserved = 2
+"""
+
+
+def test_schedules_fire_once_per_period_and_limits_hold_across_an_automatic_failover(
+        cluster_factory, tmp_path: Path) -> None:
+    """Three HA members (etcd lock, --ha-ttl 2); the primary is killed -9
+    just before a period, so its lease outlives that period and no member
+    fires it on time. From the whole history (the new primary's log, the
+    surviving replica's and the dead primary's): every period once, none
+    twice; the missed one recorded by the new primary as catch-up says
+    (`none`: a skip, `last`: one job); and the old primary's Limits record
+    reached the new one, whose tube still holds at most two reserved."""
+    c = cluster_factory("--config", str(_config(tmp_path, FAILOVER_CONFIG)))
+    old = c.wait_leader(30)
+    c.wait_members({c.node(i): ("primary" if c.node(i) == old else "replica")
+                    for i in range(3)})
+    o = c.index(old)
+    with greenstalk.Client(c.address(o), use="narrow") as g:
+        for i in range(3):
+            g.put(f"n{i}")
+        wait_for(lambda: "tocks" in g.tubes() and g.stats_tube("tocks")["total-jobs"] >= 2,
+                 30, "two firings on the primary")
+    # Kill 0.8 s before a period: the lease, renewed every third of its 2 s,
+    # has at least 1.3 s left, so the next primary comes after that period.
+    for _ in range(5):
+        boundary = (time.time_ns() // PERIOD + 1) * PERIOD
+        if boundary - time.time_ns() > 1.2 * 10**9:
+            time.sleep((boundary - time.time_ns()) / 1e9 - 0.8)
+            if boundary - time.time_ns() > 0.4 * 10**9:
+                break
+        time.sleep(1.5)
+    else:
+        raise AssertionError("no moment to kill the primary before a period")
+    c.kill(o)
+    new = c.wait_leader(HA_TTL + 20, not_=old)
+    n = c.index(new)
+    rest = next(i for i in range(3) if i not in (o, n))
+    with greenstalk.Client(c.address(n), watch="ticks") as g:
+        before = g.stats_tube("ticks")["total-jobs"]
+        wait_for(lambda: g.stats_tube("ticks")["total-jobs"] >= before + 2, 30,
+                 "two firings after the failover")
+    # The limit on the new primary: two of three ready jobs reserved, then none.
+    workers = [greenstalk.Client(c.address(n), watch="narrow") for _ in range(3)]
+    try:
+        held = [w.reserve(timeout=5) for w in workers[:2]]
+        assert sorted(j.body for j in held) == ["n0", "n1"]
+        with pytest.raises(greenstalk.TimedOutError):
+            workers[2].reserve(timeout=1)
+    finally:
+        for w in workers:
+            w.close()
+    c.wait_members({new: "primary", c.node(rest): "replica"}, 30)
+    c.stop()  # the histories are read from stopped members
+    logs = {i: _records(c.tmp / c.node(i), "fire", "new-epoch", "limits") for i in range(3)}
+    promoted = [x for x in logs[n] if x["op"] == "new-epoch"][-1]
+    limits = [(x["tube"], x["max_reserved"]) for x in logs[n]
+              if x["op"] == "limits" and x["seq"] < promoted["seq"]]
+    assert limits == [("narrow", 2)], logs[n]  # the old primary's, replicated
+    fires = {i: [(x["schedule"], x["at"], x["id"], x["seq"]) for x in logs[i]
+                 if x["op"] == "fire"] for i in range(3)}
+    history = fires[n]
+    # The surviving replica holds the new primary's history (one firing behind
+    # at most), the dead primary a prefix of it: no firing of its undone or repeated.
+    assert history[:len(fires[rest])] == fires[rest] and len(history) - len(fires[rest]) <= 2
+    assert history[:len(fires[o])] == fires[o], (fires[o][-3:], history[:len(fires[o]) + 1])
+    missed = []  # periods no member fired on time, per schedule
+    for name, catch_up in (("tick", "none"), ("tock", "last")):
+        mine = [(at, jid, seq) for s, at, jid, seq in history if s == name]
+        ats = [at for at, _j, _s in mine]
+        assert ats == sorted(set(ats)), f"{name}: a period fired twice: {ats}"
+        assert all(at % PERIOD == 0 for at in ats)
+        before = [x for x in mine if x[2] < promoted["seq"]]
+        after = [x for x in mine if x[2] > promoted["seq"]]
+        assert len(before) >= 2 and len(after) >= 2, (name, mine)
+        # Periods no member fired: between the dead primary's last firing and
+        # the promotion (the kill's timing makes one at least); the new
+        # primary records the last of them once, as catch-up says.
+        late = [x for x in after if x[0] < promoted["time"]]
+        gap = range(before[-1][0] + PERIOD, after[0][0], PERIOD)  # not recorded at all
+        assert all(p < promoted["time"] for p in gap), (name, list(gap), promoted)
+        assert len(late) == 1, f"{name}: missed {list(gap)}, recorded late {late}"
+        for x in mine:
+            assert (x[1] == 0) == (x in late and catch_up == "none"), (name, x, promoted)
+        assert all(b - a == PERIOD for a, b in zip(ats, ats[1:], strict=False)
+                   if b <= before[-1][0] or a >= after[0][0]), (name, ats)
+        missed.append(len(gap) + 1)
+    assert missed[0] == missed[1], missed
+    # The jobs themselves: one per firing that made one, on the new primary
+    # (each schedule's body is its name; the members are stopped: restart
+    # the new primary alone, as a plain server).
+    made = {jid: s for s, _at, jid, _seq in history if jid}
+    server = start_smallstalk(tmp_path, data_dir=c.tmp / new)
+    try:
+        with Client(server.port) as conn:
+            bodies = peek_ids(conn, sorted(made))
+    finally:
+        server.stop()
+    assert bodies == {jid: s.encode() for jid, s in made.items()}

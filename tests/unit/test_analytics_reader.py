@@ -101,3 +101,49 @@ def test_main_rejects_bad_arguments(tmp_path, capsys) -> None:
     assert main([str(tmp_path / "d"), "--out", str(tmp_path / "o"), "--server-name", "a",
                  "--server-name", "b"]) == 2
     assert "2 server names for 1 data directories" in capsys.readouterr().err
+
+
+def test_master_url_errors_are_one_line_and_need_no_jvm(tmp_path, capsys) -> None:
+    """A spark:// master nobody listens on, or a URL that is not one, is refused up front."""
+    pytest.importorskip("pyspark")
+    import socket
+
+    from smallstalk.analytics import main
+
+    (tmp_path / "d" / "aof").mkdir(parents=True)
+    with socket.socket() as s:  # bound, not listening: connections to it are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        url = f"spark://127.0.0.1:{port}"
+        assert main([str(tmp_path / "d"), "--out", str(tmp_path / "o"), "--master", url]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == (f"smallstalk analyze: cannot reach the Spark master {url} (127.0.0.1:"
+                       f"{port}: Connection refused): start it, or give the spark://HOST:PORT "
+                       "it logs (\"Starting Spark master at ...\")")
+    assert main([str(tmp_path / "d"), "--out", str(tmp_path / "o"),
+                 "--master", "spark://127.0.0.1"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "smallstalk analyze: spark://127.0.0.1: a standalone master URL is spark://HOST:PORT")
+    assert main([str(tmp_path / "d"), "--out", str(tmp_path / "o"),
+                 "--py-files", str(tmp_path / "smallstalk.zip")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"smallstalk analyze: --py-files: {tmp_path / 'smallstalk.zip'}: no such file")
+
+
+def test_missing_module_on_the_executors_is_explained() -> None:
+    from smallstalk.analytics.command import explain
+
+    def failure(module: str) -> Exception:  # the shape of a failed task as PySpark raises it
+        return RuntimeError("An error occurred while calling o97.collectToPython.\n"
+                            "org.apache.spark.SparkException: Job aborted due to stage failure\n"
+                            "  File \"<frozen importlib._bootstrap>\", line 1140\n"
+                            f"ModuleNotFoundError: No module named '{module}'\n\tat org.apache")
+
+    assert explain(failure("smallstalk.analytics"), "/opt/env/bin/python") == (
+        "the Spark executors' Python (/opt/env/bin/python) cannot import smallstalk: pass the "
+        "package with --py-files smallstalk.zip (zip -r smallstalk.zip smallstalk, in a checkout)")
+    assert explain(failure("cbor2"), None) == (
+        "the Spark executors cannot import cbor2: install cbor2, attrs and pyarrow in the "
+        "executors' Python on every node (or ship an environment with --archives; docs/ANALYTICS.md)")
+    assert explain(RuntimeError("java.io.IOException: disk full")) == \
+        "java.io.IOException: disk full"
