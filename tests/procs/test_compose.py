@@ -3,7 +3,8 @@
 etcd, three smallstalk members and HAProxy come up from the top-level compose.yaml
 (the smallstalk image built from the Containerfile by test_container's fixtures, the
 etcd/HAProxy image built by podman-compose from contrib/compose/); a greenstalk
-producer puts through HAProxy's published port (127.0.0.1 only); the primary's
+producer puts through HAProxy's published port (127.0.0.1 only; its replica port
+serves a replica, which refuses the put with READ_ONLY); the primary's
 container is killed (`podman kill`, SIGKILL); the producer reconnects and carries on,
 and every put that was acknowledged, before or after the kill, is on the new primary.
 
@@ -46,10 +47,11 @@ cgroup_manager = "cgroupfs"
 class Cluster:
     """One podman-compose project: its command line and the names it started."""
 
-    def __init__(self, project: str, env: dict[str, str], port: int) -> None:
+    def __init__(self, project: str, env: dict[str, str], port: int, replica_port: int) -> None:
         self.project = project
         self.env = env
         self.port = port
+        self.replica_port = replica_port
 
     def compose(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
         cmd = ["podman-compose", "-f", str(REPO / "compose.yaml"), "-p", self.project,
@@ -111,11 +113,11 @@ def cluster(image: str, tmp_path: Path):  # noqa: F811 (test_container's fixture
     token = tmp_path / "admin.token"
     token.write_text(secrets.token_hex(32) + "\n")
     token.chmod(0o644)  # the members run as uid 10001; the file is bind-mounted as it is
-    port = free_port()
+    port, replica_port = free_port(), free_port()
     env = {**os.environ, "CONTAINERS_CONF": str(conf), "SMALLSTALK_IMAGE": image,
            "SMALLSTALK_ADMIN_TOKEN_FILE": str(token), "SMALLSTALK_PORT": str(port),
-           "SMALLSTALK_REPLICA_PORT": str(free_port()), "SMALLSTALK_HA_TTL": HA_TTL}
-    c = Cluster(f"smallstalk-compose-{os.getpid()}", env, port)
+           "SMALLSTALK_REPLICA_PORT": str(replica_port), "SMALLSTALK_HA_TTL": HA_TTL}
+    c = Cluster(f"smallstalk-compose-{os.getpid()}", env, port, replica_port)
     try:
         yield c
     finally:
@@ -176,6 +178,22 @@ class Producer(threading.Thread):
         return [t for t, _ in list(self.acked) if t > moment]
 
 
+def replica_has_probe(port: int) -> bool:
+    """Through HAProxy's replica port: the probe job has reached a replica, and the
+    replica refuses a put (it is not the primary)."""
+    try:
+        with greenstalk.Client(("127.0.0.1", port), use="probe") as c:
+            if c.stats_tube("probe")["current-jobs-ready"] < 1:
+                return False
+            try:
+                c.put(b"not here")
+            except greenstalk.UnknownResponseError as e:
+                return e.status == b"READ_ONLY"
+            raise AssertionError("a put through the replica port was acknowledged")
+    except (OSError, greenstalk.NotFoundError):
+        return False
+
+
 def wait(cond, timeout: float, what: str, cluster: Cluster) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -193,6 +211,8 @@ def test_compose_cluster_fails_over_under_a_producer(cluster: Cluster) -> None:
     names = cluster.containers()
     assert set(names) == {"etcd", "n1", "n2", "n3", "haproxy"}, names
     old = cluster.leader(names["n1"])
+    wait(lambda: replica_has_probe(cluster.replica_port), 60,
+         "the probe job on a replica, through HAProxy's replica port", cluster)
 
     producer = Producer(cluster.port)
     producer.start()
