@@ -14,13 +14,13 @@ HTTP_PORT ?= 11380
 
 # Debian packages the tests use: the real beanstalkd to compare with, Java for
 # Spark, zip for the package the Spark cluster test ships, Node for the
-# JavaScript clients' own test suites, Chromium for the console, podman, runc
-# and mmdebstrap for the container image, etcd and HAProxy for failover
-# (README: "What make test installs"). The host is left as it was: while apt installs, a
-# policy-rc.d forbids starting services, so Debian's beanstalkd.service and
-# beanstalkd.socket (127.0.0.1:11300, `make run`'s address) do not start;
-# under systemd they are also disabled. Only packages that were missing are
-# touched.
+# JavaScript clients' own test suites, Chromium for the console, podman, runc,
+# mmdebstrap and podman-compose for the container image and the compose
+# cluster, etcd and HAProxy for failover (README: "What make test installs").
+# The host is left as it was: while apt installs, a policy-rc.d forbids
+# starting services, so Debian's beanstalkd.service and beanstalkd.socket
+# (127.0.0.1:11300, `make run`'s address) do not start; under systemd they
+# are also disabled. Only packages that were missing are touched.
 # NEEDS picks the commands (`make bench` needs only beanstalkd).
 NEEDS ?= beanstalkd java npm chromium podman etcd haproxy zip
 system-packages:
@@ -34,7 +34,7 @@ system-packages:
 	case "$$needs" in *" chromium "*) \
 	  command -v chromedriver >/dev/null || missing="$$missing chromium chromium-driver";; esac; \
 	case "$$needs" in *" podman "*) \
-	  for c in podman runc mmdebstrap; do \
+	  for c in podman runc mmdebstrap podman-compose; do \
 	    command -v $$c >/dev/null || missing="$$missing $$c"; done;; esac; \
 	case "$$needs" in *" etcd "*) \
 	  command -v etcd >/dev/null || missing="$$missing etcd-server";; esac; \
@@ -108,7 +108,7 @@ IMAGE ?= localhost/smallstalk
 # Build steps need few descriptors; some hosts refuse a container the host's limits.
 IMAGE_BUILD_FLAGS ?= --ulimit nofile=1024:1024 --ulimit nproc=1000:1000
 wheelhouse: $(STAMP)
-	$(BIN)/pip wheel -q --wheel-dir wheelhouse '.[console]' 'setuptools>=77'
+	$(BIN)/pip wheel -q --wheel-dir wheelhouse '.[console,ha]' 'setuptools>=77'
 	rm -f wheelhouse/smallstalk-*.whl  # the image builds its own from the sources
 
 dist: $(STAMP) wheelhouse

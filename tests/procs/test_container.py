@@ -87,7 +87,7 @@ def image(base: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The image built from the Containerfile in the checkout, as a user builds it offline."""
     wheelhouse = REPO / "wheelhouse"
     run(sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(wheelhouse),
-        f"{REPO}[console]", "setuptools>=77", timeout=600)
+        f"{REPO}[console,ha]", "setuptools>=77", timeout=600)
     # The build makes smallstalk's own wheel from the sources; one built here (its
     # bytes differ with each build) would only defeat podman's cache of the COPY.
     for wheel in wheelhouse.glob("smallstalk-*.whl"):
@@ -183,7 +183,8 @@ def test_a_job_survives_sigterm_and_a_new_container(image: str, volume: str,
                                                     containers: list[str]) -> None:
     port, http = free_port(), free_port()
     name, first_reply = start(image, volume, containers, port, http)
-    assert health(http) == (200, b"ok\n")
+    status, body = health(http)
+    assert (status, json.loads(body)["role"]) == (200, "primary"), body
     check = podman("healthcheck", "run", name, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
     with greenstalk.Client(("127.0.0.1", port), use="mail", watch="mail") as c:
