@@ -435,13 +435,12 @@ class GroupCommit:
     def _reply(self, deliveries: list[Delivery], turn_seq: int, seq0: int) -> None:
         hold = self.min_replica_acks and turn_seq > seq0
         held = []
-        if self.owner.lease_until != math.inf:
-            deliveries = self._within_lease(deliveries)
+        leased = self.owner.lease_until != math.inf
         for d in deliveries:
             if hold and any(d.mut):
                 held.append(d)
             else:
-                deliver(d)
+                deliver(self._within_lease(d) if leased else d)
         if held:
             self.awaiting_acks.append(AwaitingAcks(
                 turn_seq, trio.current_time() + self.replica_ack_timeout, held))
@@ -467,25 +466,21 @@ class GroupCommit:
         acked = self.acked_seq()
         q = self.awaiting_acks
         while q and q[0].seq <= acked:
-            deliveries = q.popleft().deliveries
-            if self.owner.lease_until != math.inf:
-                deliveries = self._within_lease(deliveries)
-            for d in deliveries:
-                deliver(d)
+            leased = self.owner.lease_until != math.inf
+            for d in q.popleft().deliveries:
+                deliver(self._within_lease(d) if leased else d)
 
-    def _within_lease(self, deliveries: list[Delivery]) -> list[Delivery]:
+    def _within_lease(self, d: Delivery) -> Delivery:
         """HA fencing: past the leader lease (MutationLoop.hold_lease) no change
         is acknowledged; its reply says INTERNAL_ERROR (logged here, and maybe
-        set aside when this server rejoins as a replica: the outcome is unknown)."""
-        if trio.current_time() < self.owner.lease_until:
-            return deliveries
-        out = []
-        for d in deliveries:
-            if any(d.mut):
-                d = d.answered_instead([p.INTERNAL_ERROR if m else reply
-                                        for reply, m in zip(d.out, d.mut, strict=True)])
-            out.append(d)
-        return out
+        set aside when this server rejoins as a replica: the outcome is unknown).
+        Asked per delivery, just before its write: a process paused between the
+        check and the write (SIGSTOP, a VM stall) still sends what it decided
+        before, so the check stands as close to the write as it can."""
+        if not any(d.mut) or trio.current_time() < self.owner.lease_until:
+            return d
+        return d.answered_instead([p.INTERNAL_ERROR if m else reply
+                                   for reply, m in zip(d.out, d.mut, strict=True)])
 
     def expire_unacked(self) -> None:
         """Answer NOT_REPLICATED for the changes no replica acknowledged in time."""

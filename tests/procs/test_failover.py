@@ -152,7 +152,10 @@ def test_a_paused_primary_acknowledges_nothing_and_sets_its_divergent_records_as
         wait_for(lambda: len(direct.puts) > 50, 30, "puts on the primary")
         for i in others:  # the replicas fall behind (their leases outlast this)
             os.kill(c.servers[i].pid, 19)  # SIGSTOP
-        time.sleep(0.4)
+        # Records the replicas lack: puts the primary acknowledges meanwhile
+        # (waited for, not slept for: a slow machine may take a while).
+        behind = len(direct.puts) + 5
+        wait_for(lambda: len(direct.puts) >= behind, 1.0, "puts while the replicas are stopped")
         t_stop = time.monotonic()
         os.kill(c.servers[o].pid, 19)
         for i in others:
@@ -179,17 +182,26 @@ def test_a_paused_primary_acknowledges_nothing_and_sets_its_divergent_records_as
     # flight before it, never later than its lease could have run out.
     assert not after_cont, after_cont[:5]
     assert all(t < TTL for t, _b in late), late[:5]
-    assert len(lines) == 1, log[-3000:]
-    m = re.search(r"set aside (\d+) records of ours \(seq (\d+) to (\d+).*: (\S+)$", lines[0])
-    assert m, lines[0]
-    count, first, last, path = int(m[1]), int(m[2]), int(m[3]), m[4]
-    assert count == last - first + 1 and count > 0
-    assert os.path.getsize(path) > 0
+    # Divergence itself is not certain: what the primary sent while the
+    # replicas were stopped waits in their sockets, and a replica that reads
+    # it all before the election leaves the old primary nothing of its own.
+    # Then nothing may be set aside; else exactly one line names the file.
+    assert len(lines) <= 1, log[-3000:]
+    path = None
+    if lines:
+        m = re.search(r"set aside (\d+) records of ours \(seq (\d+) to (\d+).*: (\S+)$",
+                      lines[0])
+        assert m, lines[0]
+        count, first, last, path = int(m[1]), int(m[2]), int(m[3]), m[4]
+        assert count == last - first + 1 and count > 0
+        assert os.path.getsize(path) > 0
     # What was acknowledged and set aside is what asynchronous mode loses.
     result = check_history(ledger, present_bodies(c, c.index(new), ledger), strict=False)
     with capsys.disabled():
         print(f"asynchronous mode: {result['lost']} acknowledged puts lost of "
-              f"{result['acked']} (set aside in {path})")
+              f"{result['acked']} (set aside in {path or 'nothing: no records diverged'})")
+    if path is None:
+        assert result["lost"] == 0, result
 
 
 def _direct_producer(c, i: int, ledger: Ledger) -> None:
