@@ -43,7 +43,7 @@ from smallstalk.replication import cluster as cl
 from smallstalk.replication import etcd
 from smallstalk.replication.feed import HAHooks, demote, promote
 from smallstalk.replication.follower import Follower
-from smallstalk.storage import aof
+from smallstalk.storage import aof, datadir
 from smallstalk.storage.history import HistoryFolded, iter_records
 
 if TYPE_CHECKING:
@@ -379,11 +379,12 @@ async def set_aside(lp: MutationLoop, fork: int) -> Path | None:
     data_dir = Path(lp.data_dir)
     last = lp.state.last_seq
     epoch, history = lp.state.epoch
-    out_dir = data_dir / "diverged"
+    out_dir = datadir.diverged_dir(data_dir)
     path = out_dir / f"epoch-{epoch}-{history}-seq-{fork}-{last}.aof"
 
     def copy() -> tuple[int, str]:
-        out_dir.mkdir(exist_ok=True)
+        # Durable in DATA_DIR before the follower's resync may delete our segments.
+        aof.make_dirs(out_dir)
         n, note = 0, ""
         with open(path, "wb") as f:
             f.write(aof.header(aof.SEGMENT_MAGIC, fork))
@@ -393,7 +394,10 @@ async def set_aside(lp: MutationLoop, fork: int) -> Path | None:
             except HistoryFolded as e:
                 # Compacted already: the snapshot that holds their result goes too.
                 if e.snapshot is not None:
-                    shutil.copy(e.snapshot, out_dir / e.snapshot.name)
+                    copied = out_dir / e.snapshot.name
+                    shutil.copy(e.snapshot, copied)
+                    with open(copied, "rb") as c:
+                        os.fsync(c.fileno())
                     note = f" (up to seq {e.snapshot_seq} folded into {e.snapshot.name}, " \
                            "copied beside it)"
                 start = e.first_kept or last + 1

@@ -8,6 +8,7 @@ DATA_DIR/snapshots/<last seq>.snap     snapshots (20 digits)
 DATA_DIR/snapshots/<seq>.bodies        a compaction's body index (read-behind)
 DATA_DIR/snapshots/<name>.<pid>.tmp    a snapshot or index being written
 DATA_DIR/resync.snap.tmp               a replica's full resync being received
+DATA_DIR/diverged/<...>.aof            records a rejoining old primary set aside (HA)
 ```
 
 The formats are in snapshots/README.md; who writes what in docs/ARCHITECTURE.md.
@@ -29,12 +30,18 @@ BROKEN_SUFFIX = ".broken"
 TMP_SUFFIX = ".tmp"
 INDEX_SUFFIX = ".bodies"
 RESYNC = "resync.snap.tmp"
+DIVERGED = "diverged"
 # beanstalkd's exit status when its WAL directory is locked by another process
 EXIT_LOCKED = 10
 
 
 def aof_dir(data_dir: Path) -> Path:
     return data_dir / AOF
+
+
+def diverged_dir(data_dir: Path) -> Path:
+    """Where a rejoining old primary copies the records the new history lacks."""
+    return data_dir / DIVERGED
 
 
 def snap_dir(data_dir: Path) -> Path:
