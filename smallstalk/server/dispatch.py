@@ -237,23 +237,31 @@ def batch_reply(lp: Loop, cid: int, job, count: int) -> bytes:
     """Reserve `job` for `cid`, then the next best ready jobs up to `count`
     in all, and answer them in one reply: a job is reserved only if it is in it.
 
-    The first job is reserved as a plain reserve's (its record ends a wait,
-    then its body is read); each further one only once its body is read, so
-    a body that cannot be read ends the batch short instead of reserving a
-    job the reply does not carry."""
-    lp.log(r.Reserve, cid, job.id)
-    out = [(job.id, lp.body_of(job))]
-    while len(out) < count:
-        job = lp.state.best_ready(cid, lp.now)
-        if job is None:
-            break
+    Each job's body is read before its Reserve record is logged, so a body
+    that cannot be read reserves nothing: it ends the batch short, or, for
+    the first job, ends `cid`'s wait (if the loop's grant called) and answers
+    INTERNAL_ERROR with no record. Plain `reserve` logs first and keeps that
+    reservation (the TTR gives it back); a batch hands out no job it cannot
+    carry. Never raises BodyError (the grant resets the batch afterwards)."""
+    out = []
+    while True:
         try:
             body = lp.body_of(job)
         except BodyError as e:
-            log.error("reserve-batch ends at %d jobs: job %d: %s", len(out), job.id, e)
-            break
+            if out:
+                log.error("reserve-batch ends at %d jobs: job %d: %s", len(out), job.id, e)
+                break
+            log.error("answering reserve-batch INTERNAL_ERROR, job %d stays ready: %s",
+                      job.id, e)
+            lp.volatile(r.WaitStop, cid)
+            return p.INTERNAL_ERROR
         lp.log(r.Reserve, cid, job.id)
         out.append((job.id, body))
+        if len(out) >= count:
+            break
+        job = lp.state.best_ready(cid, lp.now)
+        if job is None:
+            break
     return p.reserved_batch(out)
 
 

@@ -14,6 +14,7 @@ from smallstalk.core import records as r
 
 from ..support.harness import Client
 from .test_holdback import configure, records_of, settle, started
+from .test_readbehind import assert_replays as assert_replays_spilled
 from .test_readbehind import make_loop as make_spilling_loop
 from .test_readbehind import put_many
 from .test_tube_policies import assert_replays
@@ -132,3 +133,81 @@ async def test_a_body_that_cannot_be_read_ends_the_batch_short(nursery, tmp_path
     assert [i for i, _ in got] == list(range(1, first_spilled))
     assert st.jobs[first_spilled].state == 0  # not in the reply: still ready
     assert [rec.id for rec in records_of(tmp_path, r.Reserve)] == list(range(1, first_spilled))
+
+
+class _UnreadableBodies:
+    """While entered, the body files' descriptors turn write-only under the
+    store: reads fail as a disk error would (EBADF); the real ones come back after."""
+
+    def __init__(self, lp) -> None:
+        self.lp = lp
+
+    def __enter__(self) -> None:
+        self.bad = os.open(os.devnull, os.O_WRONLY)
+        self.real = {f: f.fd for f in self.lp.bodies.files.values()}
+        for f in self.real:
+            f.fd = self.bad
+
+    def __exit__(self, *exc) -> None:
+        for f, fd in self.real.items():
+            f.fd = fd
+        os.close(self.bad)
+
+
+async def _spilled_first(c: Client, lp, delay: int = 0) -> int:
+    """Six 400-byte jobs, the newest with the best priority: the newest bodies
+    spill first, so the job a reserve takes first has its body on disk."""
+    for i in range(6):
+        body = bytes([65 + i]) * 400
+        await c.ask(b"put %d %d 600 400\r\n%s\r\n" % (10 - i, delay, body))
+    await settle()
+    best = min(lp.state.jobs.values(), key=lambda j: (j.pri, j.id))
+    assert isinstance(best.body, int), "the first job's body is on disk"
+    return best.id
+
+
+async def test_an_unreadable_first_body_reserves_nothing(nursery, tmp_path,
+                                                         autojump_clock) -> None:
+    """The first job's body cannot be read: INTERNAL_ERROR, the job stays
+    ready and no Reserve record is written (a job is reserved only if it is
+    in the reply), unlike plain `reserve`, which keeps the reservation."""
+    lp = make_spilling_loop(tmp_path, 1000)
+    nursery.start_soon(lp.run)
+    c = Client(lp)
+    first = await _spilled_first(c, lp)
+    with _UnreadableBodies(lp):
+        assert await c.ask(b"reserve-batch 3 0\r\n") == p.INTERNAL_ERROR
+    st = lp.state
+    assert all(j.state == 0 for j in st.jobs.values())
+    assert records_of(tmp_path, r.Reserve) == []
+    # Readable again: the same job leads the next batch.
+    assert [i for i, _ in batch(await c.ask(b"reserve-batch 2 0\r\n"))] == [first, first - 1]
+    assert_replays_spilled(lp, tmp_path)
+
+
+async def test_an_unreadable_first_body_ends_a_granted_wait(nursery, tmp_path,
+                                                            autojump_clock) -> None:
+    """The same through a wait: the grant's job cannot be read, the waiting
+    batch hears INTERNAL_ERROR with nothing reserved, and the connection's next
+    wait is a plain reserve's again (one RESERVED, not a batch)."""
+    lp = make_spilling_loop(tmp_path, 1000)
+    nursery.start_soon(lp.run)
+    worker, producer = Client(lp), Client(lp)
+    worker.send(b"reserve-batch 3 30\r\n")
+    await trio.sleep(1)
+    first = await _spilled_first(producer, lp, delay=5)
+    with _UnreadableBodies(lp):
+        await trio.sleep(5)  # the delays run out: the grant finds the waiting batch
+        assert await worker.recv() == p.INTERNAL_ERROR
+    st = lp.state
+    assert all(j.state == 0 for j in st.jobs.values())
+    assert records_of(tmp_path, r.Reserve) == []
+    assert not st.conns[min(st.conns)].waiting
+    # The jobs go elsewhere; then a plain reserve's wait gets one job, plainly.
+    got = batch(await producer.ask(b"reserve-batch 6 0\r\n"))
+    assert got[0][0] == first and len(got) == 6
+    worker.send(b"reserve-with-timeout 10\r\n")
+    await trio.sleep(1)
+    await producer.ask(b"put 0 0 60 1\r\na\r\nput 0 0 60 1\r\nb\r\n")
+    assert await worker.recv() == p.reserved(7, b"a")
+    assert_replays_spilled(lp, tmp_path)
