@@ -427,6 +427,24 @@ class _Core:
         i, jid = self.locate(job)
         yield from self.one(i, p.Delete(jid))
 
+    def delete_many(self, jobs: Sequence[JobLike]) -> _Op[list[JobLike]]:
+        """Delete `jobs` pipelined: one write per server holding some of them.
+        Returns those answered NOT_FOUND; any other error is raised."""
+        by_server: dict[int, list[tuple[JobLike, int]]] = {}
+        for job in jobs:
+            i, jid = self.locate(job)
+            by_server.setdefault(i, []).append((job, jid))
+        missing: list[JobLike] = []
+        for i, items in by_server.items():
+            cmds = tuple(p.Delete(jid) for _, jid in items)
+            replies = yield _Exchange(i, cmds)
+            for (job, _), cmd, reply in zip(items, cmds, replies, strict=True):
+                try:
+                    interpret(cmd, reply, self.servers[i])
+                except NotFound:
+                    missing.append(job)
+        return missing
+
     def _priority(self, i: int, jid: int, priority: int | None) -> _Op[int]:
         if priority is None:
             stats = yield from self.one(i, p.StatsJob(jid))

@@ -250,6 +250,11 @@ class Client:
     def delete(self, job: JobLike) -> None:
         self._run(self._core.delete(job))
 
+    def delete_many(self, jobs: Sequence[JobLike]) -> list[JobLike]:
+        """Delete `jobs` with one write per server holding some of them (the
+        replies read after): the jobs answered NOT_FOUND; other errors raise."""
+        return self._run(self._core.delete_many(jobs))
+
     def release(self, job: JobLike, priority: int | None = None, delay: int = 0) -> None:
         """Give a reserved job back; priority None keeps the job's (costs a stats-job)."""
         self._run(self._core.release(job, priority, delay))

@@ -45,6 +45,11 @@ Theory of operation.
   turns into an immediate release that does not count as a failure. A
   killed worker's jobs come back the same way (connection closed) or, if the
   connection stays open, when their TTR runs out (counted as a failure).
+- `--batch N` (`Worker(batch=N)`): each reserve takes up to N jobs with
+  smallstalk's `reserve-batch`; the slot runs them in order, touches one
+  whose wait ate half its time limit before starting it, and pipelines the
+  deletes (batch.py). Jobs not started when the worker stops are handed
+  back by closing the connection. beanstalkd answers BAD_FORMAT: use 1.
 - Each of the `--concurrency` slots has its own connection(s): a waiting
   reserve blocks its connection, and a job belongs to the connection that
   reserved it. Logs are JSON lines on stderr (`--log-format text` for

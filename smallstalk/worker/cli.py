@@ -44,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
                     "high:6,default:3,low:1 (default: the tubes of the app's tasks)")
     ap.add_argument("--servers", help="host:port,... (default: the app's servers)")
     ap.add_argument("-c", "--concurrency", type=int, default=1, help="jobs at a time (default 1)")
+    ap.add_argument("--batch", type=int, default=1, metavar="N",
+                    help="take up to N jobs per reserve (smallstalk's reserve-batch; they "
+                    "run in order, their deletes pipelined; default 1: plain reserve)")
     ap.add_argument("--grace", type=float, default=30.0,
                     help="seconds running jobs get to finish after SIGTERM (default 30)")
     ap.add_argument("--recheck", type=float, default=1.0,
@@ -109,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         app = load_app(args.app)
         worker = Worker(app, args.tubes, servers=args.servers, concurrency=args.concurrency,
-                        grace=args.grace, recheck=args.recheck, security=_security(args, app))
+                        grace=args.grace, recheck=args.recheck, security=_security(args, app),
+                        batch=args.batch)
     except (ImportError, ValueError) as e:
         print(f"smallstalk worker: {e}", file=sys.stderr)
         return 2

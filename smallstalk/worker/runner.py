@@ -20,7 +20,9 @@ import trio
 from smallstalk.client import AsyncClient, BeanstalkError, Job, JobStats, NotFound, TimedOut
 from smallstalk.client.addresses import Servers, resolve_servers
 from smallstalk.client.security import Security
+from smallstalk.core.commands import RESERVE_BATCH_MAX
 
+from .batch import DeleteQueue, Finished, needs_touch
 from .codec import BadPayload, TimeLimitExceeded, UnknownTask, decode_call
 from .context import JobContext, running_job, time_limit
 from .logs import log_event
@@ -43,10 +45,14 @@ class Worker:
     def __init__(self, app: App, tubes: Mapping[str, float] | str | Sequence[str] | None = None,
                  *, servers: Servers = None, concurrency: int = 1,
                  grace: float = 30.0, recheck: float = 1.0, poll_interval: float = 1.0,
-                 rng: random.Random | None = None, security: Security | None = None) -> None:
-        """`servers` and `security` (TLS, token) default to the app's."""
+                 rng: random.Random | None = None, security: Security | None = None,
+                 batch: int = 1) -> None:
+        """`servers` and `security` (TLS, token) default to the app's; `batch` > 1
+        takes up to that many jobs per reserve (`reserve-batch`, smallstalk only)."""
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if not 1 <= batch <= RESERVE_BATCH_MAX:
+            raise ValueError(f"batch must be from 1 to {RESERVE_BATCH_MAX}")
         self.app = app
         if tubes is None:
             tubes = app.tubes() or ["default"]
@@ -55,11 +61,13 @@ class Worker:
         self.servers = resolve_servers(servers) if servers is not None else app.servers
         self.security = app.security if security is None else security
         self.concurrency = concurrency
+        self.batch = batch
         self.grace = grace
         self.poll_interval = poll_interval
         self.selector = TubeSelector(self.weights, rng, recheck)
         self.identity = f"{socket.gethostname()}:{os.getpid()}"
-        self.counts = {"done": 0, "retried": 0, "buried": 0, "lost": 0, "handed_back": 0}
+        self.counts = {"done": 0, "retried": 0, "buried": 0, "lost": 0, "handed_back": 0,
+                       "delete_writes": 0}
         self._stopping = False
         self._nursery: trio.Nursery | None = None
         self._reserve_scopes: set[trio.CancelScope] = set()
@@ -71,7 +79,7 @@ class Worker:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         log_event(logging.INFO, "worker.start", servers=self.servers, tubes=self.weights,
-               concurrency=self.concurrency, tasks=sorted(self.app.tasks), worker=self.identity)
+               concurrency=self.concurrency, batch=self.batch, tasks=sorted(self.app.tasks), worker=self.identity)
         async with trio.open_nursery() as outer:
             self._nursery = outer
             async with trio.open_nursery() as slots:
@@ -110,7 +118,7 @@ class Worker:
         errors = 0
         try:
             while not self._stopping:
-                got: tuple[Job, str | None] | None = None
+                got: list[tuple[Job, str | None]] = []
                 with trio.CancelScope() as scope:
                     self._reserve_scopes.add(scope)
                     if self._stopping:
@@ -126,13 +134,31 @@ class Worker:
                         await trio.sleep(wait)
                     finally:
                         self._reserve_scopes.discard(scope)
-                if got is None:
-                    continue
-                job, tube = got
+                if got:
+                    await self._run_batch(client, got, trio.current_time())
+        finally:
+            with trio.CancelScope(shield=True):
+                await client.aclose()
+
+    async def _run_batch(self, client: AsyncClient, got: list[tuple[Job, str | None]],
+                         received: float) -> None:
+        """Run the jobs of one reserve in order; a batch's deletes are pipelined
+        (batch.py). Jobs left when the worker stops or one is cancelled are
+        handed back by closing the connection."""
+        left = 0
+        async with trio.open_nursery() as flusher:
+            deletes = None if len(got) == 1 else DeleteQueue(
+                client, flusher, self.counts, self._done, lambda f: self._lost(
+                    f.job, f.task, "the job was no longer reserved by this worker when it "
+                    "finished (its TTR ran out)"))
+            for k, (job, tube) in enumerate(got):
+                if self._stopping and k:
+                    left = len(got) - k
+                    break
                 with trio.CancelScope() as job_scope:
                     self._job_scopes.add(job_scope)
                     try:
-                        await self._run_job(client, job, tube)
+                        await self._run_job(client, job, tube, received, deletes)
                     except BeanstalkError as e:
                         # The connection failed around the job: the server gives it back.
                         log_event(logging.WARNING, "job.connection_error", job=job.id,
@@ -140,39 +166,52 @@ class Worker:
                     finally:
                         self._job_scopes.discard(job_scope)
                 if job_scope.cancelled_caught:
-                    # Closing the connection releases the job at once, without
-                    # counting a release against its retries.
-                    with trio.CancelScope(shield=True):
-                        await client.aclose()
-                    self.counts["handed_back"] += 1
-                    log_event(logging.WARNING, "job.handed_back", job=job.id, server=job.server,
-                           reason="shutdown")
-        finally:
+                    left = len(got) - k
+                    break
+        if left:
+            # Closing the connection releases its jobs at once, without
+            # counting a release against their retries (the deletes are in).
             with trio.CancelScope(shield=True):
                 await client.aclose()
+            for job, _ in got[len(got) - left:]:
+                self.counts["handed_back"] += 1
+                log_event(logging.WARNING, "job.handed_back", job=job.id, server=job.server,
+                       reason="shutdown")
 
-    async def _reserve(self, client: AsyncClient) -> tuple[Job, str | None] | None:
+    async def _reserve(self, client: AsyncClient) -> list[tuple[Job, str | None]]:
         tube = self.selector.choose()
         if tube is None:
             try:
-                job = await client.reserve(None, tubes=self.tubes)
+                if self.batch > 1:
+                    jobs = await client.reserve_many(self.batch, None, tubes=self.tubes)
+                else:
+                    jobs = [await client.reserve(None, tubes=self.tubes)]
             except TimedOut:
-                return None
+                return []
             self.selector.woke()
             # Which tube woke us, for the logs (the busy path knows it already).
-            try:
-                return job, (await client.stats_job(job)).tube
-            except NotFound:
-                return job, None
+            out: list[tuple[Job, str | None]] = []
+            for job in jobs:
+                try:
+                    out.append((job, (await client.stats_job(job)).tube))
+                except NotFound:
+                    out.append((job, None))
+            return out
         try:
-            job = await client.reserve(0, tubes=[tube])
+            if self.batch > 1:
+                jobs = await client.reserve_many(self.batch, 0, tubes=[tube])
+            else:
+                jobs = [await client.reserve(0, tubes=[tube])]
         except TimedOut:
             self.selector.saw_empty(tube)
-            return None
+            return []
         self.selector.saw_work(tube)
-        return job, tube
+        return [(job, tube) for job in jobs]
 
-    async def _run_job(self, client: AsyncClient, job: Job, tube: str | None) -> None:
+    async def _run_job(self, client: AsyncClient, job: Job, tube: str | None,
+                       received: float, deletes: DeleteQueue | None = None) -> None:
+        """Run `job`, reserved at `received` (its TTR runs from then), and
+        delete it (queued on `deletes` in a batch) or retry or bury it."""
         started = trio.current_time()
         task: Task | None = None
         name = None
@@ -184,13 +223,21 @@ class Worker:
         except (BadPayload, UnknownTask) as e:
             await self._failed(client, job, None, name, e, started)
             return
+        if needs_touch(received, started, task.ttr):
+            try:
+                await client.touch(job)
+            except NotFound:
+                self._lost(job, name, "its TTR ran out while the jobs before it in its batch "
+                           "ran")
+                return
+            received = trio.current_time()
         ctx = JobContext(job, task, tube, client)
         token = running_job.set(ctx)
         try:
             log_event(logging.DEBUG, "job.start", job=job.id, server=job.server, tube=tube,
                    task=name)
             if task.is_async:
-                with trio.move_on_after(time_limit(task.ttr)) as scope:
+                with trio.move_on_at(received + time_limit(task.ttr)) as scope:
                     ctx.scope = scope
                     await task.fn(*args, **kwargs)
                 if scope.cancelled_caught:
@@ -204,15 +251,23 @@ class Worker:
             return
         finally:
             running_job.reset(token)
+        finished = Finished(job, tube, name, round((trio.current_time() - started) * 1000, 1))
+        if deletes is not None:
+            deletes.add(finished)
+            return
+        self.counts["delete_writes"] += 1
         try:
             await client.delete(job)
         except NotFound:
             self._lost(job, name, "the job was no longer reserved by this worker when it "
                        "finished (its TTR ran out)")
             return
+        self._done(finished)
+
+    def _done(self, f: Finished) -> None:
         self.counts["done"] += 1
-        log_event(logging.INFO, "job.done", job=job.id, server=job.server, tube=tube, task=name,
-               ms=round((trio.current_time() - started) * 1000, 1))
+        log_event(logging.INFO, "job.done", job=f.job.id, server=f.job.server, tube=f.tube,
+                  task=f.task, ms=f.ms)
 
     def _lost(self, job: Job, name: str | None, why: str) -> None:
         self.counts["lost"] += 1

@@ -93,9 +93,14 @@ def test_client_reserve_many(server) -> None:
         jobs = c.reserve_many(3, timeout=0, tubes=["batch-client"])
         assert [(j.id, j.body) for j in jobs] == [(p.id, b"b%d" % n) for n, p in
                                                    enumerate(puts[:3])]
-        assert [j.id for j in c.reserve_many(10, timeout=0)] == [p.id for p in puts[3:]]
-        for j in jobs:
-            c.delete(j)
+        rest = c.reserve_many(10, timeout=0)
+        assert [j.id for j in rest] == [p.id for p in puts[3:]]
+        # delete_many: one write; the jobs answered NOT_FOUND come back.
+        c.delete(rest[0])
+        assert c.delete_many([*jobs, rest[0], rest[1]]) == [rest[0]]
+        for j in [*jobs, rest[1]]:
+            with pytest.raises(NotFound):
+                producer.stats_job(j)
         with pytest.raises(TimedOut):
             c.reserve_many(2, timeout=0)
         with pytest.raises(ValueError):

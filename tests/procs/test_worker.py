@@ -433,7 +433,9 @@ def test_bad_arguments(capsys, tmp_path: Path) -> None:
                  ["tests.support.worker_app:app", "--tubes", "a:0"], ["tests.support.worker_app:app", "-c", "0"],
                  ["--no-such-flag"], ["tests.support.worker_app:app", "--tls-ca", str(tmp_path / "no")],
                  ["tests.support.worker_app:app", "--token-file", str(tmp_path / "no")],
-                 ["tests.support.worker_app:app", "--tls-key", str(tmp_path / "no")]):
+                 ["tests.support.worker_app:app", "--tls-key", str(tmp_path / "no")],
+                 ["tests.support.worker_app:app", "--batch", "0"],
+                 ["tests.support.worker_app:app", "--batch", "1001"]):
         assert worker_module.main(args) == 2, args
     assert "smallstalk worker" in capsys.readouterr().err
 
@@ -487,3 +489,116 @@ def test_readme_example_is_ten_lines_and_works_as_written(smallstalk: Server, wo
     w.signal(signal.SIGTERM)
     assert w.wait() == 0
     assert w.named("job.done")
+
+
+# --- batches (reserve-batch) ---------------------------------------------------------
+
+
+def run_worker_until(worker: worker_module.Worker, done: Callable[[], bool],
+                     timeout: float = 20.0, then: Callable[[], None] | None = None) -> None:
+    """Run `worker` in trio until `done()`, then stop it (graceful) and wait for it."""
+
+    async def main() -> None:
+        with trio.fail_after(timeout):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                while not done():
+                    await trio.sleep(0.01)
+                (then or worker.stop)()
+
+    trio.run(main)
+
+
+def test_batch_runs_jobs_in_reply_order_and_pipelines_the_deletes(smallstalk: Server) -> None:
+    """Five quick async jobs in one reserve-batch: they run in the reply's
+    order, and their five deletes go in one write (the flusher starts once
+    the running job yields, and none of these does)."""
+    addr = addr_of(smallstalk)
+    app = App(addr)
+    ran: list[int] = []
+
+    @app.task(tube="batch")
+    async def quick(n: int) -> None:
+        ran.append(n)
+
+    with Client(addr) as c:
+        for n, pri in enumerate((5, 1, 5, 0, 9)):
+            c.put(quick.encode([n], {}), priority=pri, tube="batch")
+        w = worker_module.Worker(app, ["batch"], batch=8)
+        run_worker_until(w, lambda: w.counts["done"] == 5)
+        assert ran == [3, 1, 0, 2, 4]  # priority, then age: plain reserves' order
+        assert w.counts == {"done": 5, "retried": 0, "buried": 0, "lost": 0,
+                            "handed_back": 0, "delete_writes": 1}
+        with pytest.raises(NotFound):  # an empty tube nobody watches is gone: no job left
+            c.stats_tube("batch")
+        stats = c.stats()
+        # No plain reserve: the jobs came in one reserve-batch.
+        assert (stats.cmd_reserve, stats.cmd_reserve_with_timeout) == (0, 0)
+        assert stats.cmd_delete == 5
+
+
+def test_a_job_late_in_its_batch_is_touched_before_it_starts(smallstalk: Server) -> None:
+    """ttr=2 (time limit 1 s): the second job of a batch waits 1.2 s behind the
+    first. Without a touch it would start past its time limit (and its TTR
+    nearly out); touched first, it gets a whole TTR and runs its 0.5 s."""
+    addr = addr_of(smallstalk)
+    app = App(addr)
+
+    @app.task(tube="late", ttr=60)
+    async def first() -> None:
+        await trio.sleep(1.2)
+
+    @app.task(tube="late", ttr=2, retries=0)
+    async def second() -> None:
+        await trio.sleep(0.5)
+
+    with Client(addr) as c:
+        c.put(first.encode([], {}), tube="late", ttr=60)
+        ref = c.put(second.encode([], {}), tube="late", ttr=2)
+        w = worker_module.Worker(app, ["late"], batch=2)
+        run_worker_until(w, lambda: w.counts["done"] + w.counts["buried"] == 2)
+        assert w.counts["done"] == 2, w.counts
+        with pytest.raises(NotFound):
+            c.stats_job(ref)
+        stats = c.stats()
+        assert stats.cmd_touch == 1 and stats.job_timeouts == 0
+
+
+def test_stopping_hands_back_the_jobs_of_a_batch_not_started(smallstalk: Server) -> None:
+    """A stop while the first job of three runs: it finishes and is deleted;
+    the two not started go back to ready at once, no failure counted."""
+    addr = addr_of(smallstalk)
+    app = App(addr)
+    flags: dict[str, bool] = {}
+
+    @app.task(tube="stop")
+    async def work(n: int) -> None:
+        flags[f"started{n}"] = True
+        await trio.sleep(0.5)
+
+    with Client(addr) as c:
+        refs = [c.put(work.encode([n], {}), tube="stop") for n in range(3)]
+        w = worker_module.Worker(app, ["stop"], batch=3)
+        run_worker_until(w, lambda: flags.get("started0", False))
+        assert w.counts["done"] == 1 and w.counts["handed_back"] == 2, w.counts
+        assert list(flags) == ["started0"]
+        with pytest.raises(NotFound):
+            c.stats_job(refs[0])
+        for ref in refs[1:]:
+            st = c.stats_job(ref)
+            assert (st.state, st.releases, st.timeouts, st.reserves) == ("ready", 0, 0, 1)
+
+
+def test_worker_process_with_batch(smallstalk: Server, workers) -> None:
+    with Client(addr_of(smallstalk)) as c:
+        refs = [publish(c, "echo", t) for t in "abcd"]
+        w = workers(addr_of(smallstalk), "--batch", "4")
+        assert sorted(results(c, 4)) == ["done:a", "done:b", "done:c", "done:d"]
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0
+        for ref in refs:
+            with pytest.raises(NotFound):
+                c.stats_job(ref)
+    assert w.named("worker.start")[0]["batch"] == 4
+    stopped = w.named("worker.stopped")[0]
+    assert stopped["done"] == 4 and stopped["delete_writes"] <= 4
