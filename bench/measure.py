@@ -45,10 +45,10 @@ PRESETS = {
     # points at 10/50/200 and the never put at 50 are the issue's targets.
     # open: (workload, conns) measured in open loop, in memory, at equal offered load.
     "full": dict(duration=5.0, conns=(1, 10, 100), pipe=(("put-pipe", 1), ("put-pipe", 10),
-                 ("rd-pipe", 10)), rss_jobs=1_000_000, startup_jobs=1_000_000,
+                 ("rd-pipe", 10), ("rd-batch", 10)), rss_jobs=1_000_000, startup_jobs=1_000_000,
                  rd_jobs=300_000, max_ops=0, extras=True, rounds=2,
                  handoff_samples=2000, spawn_samples=7, open=OPEN_RR, rate_seconds=6.0),
-    "quick": dict(duration=1.0, conns=(1, 10, 100), pipe=(("put-pipe", 10),),
+    "quick": dict(duration=1.0, conns=(1, 10, 100), pipe=(("put-pipe", 10), ("rd-batch", 10)),
                   rss_jobs=100_000, startup_jobs=100_000, rd_jobs=40_000, max_ops=0,
                   extras=True, rounds=1, handoff_samples=300, spawn_samples=3,
                   open=(("put", 10), ("cycle", 10)), rate_seconds=4.0),
@@ -68,7 +68,13 @@ def floor_key(workload: str, conns: int) -> tuple[str, int]:
 
 # The tiny preset covers every workload once across the three modes.
 TINY_POINTS = (("memory", "put", 2), ("memory", "rd-pipe", 2), ("never", "cycle", 2),
-               ("never", "put-pipe", 1), ("always", "rd", 2))
+               ("never", "put-pipe", 1), ("always", "rd", 2), ("memory", "rd-batch", 2))
+# A smallstalk-only workload measured beside beanstalkd's nearest one: the
+# point's beanstalkd column runs this workload instead (the row keeps it as
+# "baseline"). reserve-batch: beanstalkd cannot batch, so its reserve+delete
+# with the same 100 commands per send and the same connections.
+BEANSTALKD_BASELINE = {"rd-batch": "rd-pipe"}
+CONSUMING = ("rd", "rd-pipe", "rd-batch")  # workloads that consume preloaded jobs
 
 
 class Bench:
@@ -175,7 +181,7 @@ class Bench:
             info = {}
             if srv.data_dir is not None:
                 info["disk_fsync_per_sec"] = fsync_probe(srv.data_dir)
-            if workload in ("rd", "rd-pipe"):
+            if workload in CONSUMING:
                 # Jobs to consume: loaded pipelined, bounded in count and time;
                 # the point then ends at its duration or when the queue runs dry
                 # (the rate is then over the time until it ran dry).
@@ -188,7 +194,7 @@ class Bench:
             res = self.drive(srv, workload, conns, duration=duration,
                              max_ops=self.preset["max_ops"], rate=rate)
             res.update(info)
-            if workload in ("rd", "rd-pipe"):
+            if workload in CONSUMING:
                 res["ran_dry"] = res["elapsed"] < duration * 0.98
             if not srv.alive():
                 raise RuntimeError(f"{kind} died: {srv.log_tail()}")
@@ -204,7 +210,7 @@ class Bench:
         """Enough jobs for the point's duration: twice what the fastest matching put point
         managed (a reserve+delete pair is at least as much work as a put), capped."""
         cap = self.preset["rd_jobs"]
-        put = {"rd": "put", "rd-pipe": "put-pipe"}[workload]
+        put = {"rd": "put", "rd-pipe": "put-pipe", "rd-batch": "put-pipe"}[workload]
         known = {c: rate for (k, m, w, c), rate in self.rates.items()
                  if (k, m, w) == (kind, mode, put)}
         if not known:
@@ -245,6 +251,10 @@ class Bench:
             # beanstalkd has no put-unique: the keyed put is judged against our plain put
             plan = {k: (wl, 0.0) for k in self.servers
                     if wl not in loadgen.SMALLSTALK_ONLY or k == "smallstalk"}
+            baseline = BEANSTALKD_BASELINE.get(wl)
+            if baseline is not None and "beanstalkd" in self.servers:
+                plan["beanstalkd"] = (baseline, 0.0)
+                row["baseline"] = baseline
             fkey = floor_key(wl, conns)
             if self.with_floor and fkey not in self.floors:
                 plan[FLOOR] = (fkey[0], 0.0)
@@ -259,8 +269,9 @@ class Bench:
             row["ratio"] = ratios(row["servers"])
             if self.with_floor:
                 row["floor"] = "/".join(map(str, fkey))
-                row["vs_floor"] = vs_floor(res, loadgen.COMMANDS_PER_OP[wl],
-                                           self.floors.get(fkey))
+                row["vs_floor"] = vs_floor(
+                    res, {k: loadgen.COMMANDS_PER_OP[w] for k, (w, _) in plan.items()},
+                    self.floors.get(fkey))
             out.append(row)
         return out
 

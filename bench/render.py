@@ -14,6 +14,7 @@ WORKLOAD_LABELS = {
     "put-pipe": "put, 100/send",
     "rd-pipe": "reserve+delete, 100/send",
     "put-unique": "put-unique, a new key each",
+    "rd-batch": "reserve-batch 100 + deletes 100/send (bs: reserve+delete, 100/send)",
 }
 
 

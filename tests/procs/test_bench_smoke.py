@@ -55,6 +55,13 @@ def test_bench_tiny_mode_produces_table_and_json(tmp_path: Path) -> None:
         assert p["floor"] in results["floor"], p["floor"]
         assert all(v is not None and v > 0 for v in p["vs_floor"].values()), p["vs_floor"]
 
+    # reserve-batch: smallstalk's rd-batch beside beanstalkd's pipelined reserve+delete.
+    (batch,) = [p for p in points if p["workload"] == "rd-batch"]
+    assert batch["baseline"] == "rd-pipe"
+    assert {k: r["workload"] for k, r in batch["servers"].items()} == {
+        "smallstalk": "rd-batch", "beanstalkd": "rd-pipe"}
+    assert "reserve-batch 100" in text
+
     # The floor answered every put it was sent, saturated.
     assert set(results["floor"]) == {"put/2", "put-pipe/1", "put-pipe/2"}
     for point, r in results["floor"].items():
