@@ -49,7 +49,8 @@ Theory of operation.
   smallstalk's `reserve-batch`; the slot runs them in order, touches one
   whose wait ate half its time limit before starting it, and pipelines the
   deletes (batch.py). Jobs not started when the worker stops are handed
-  back by closing the connection. beanstalkd answers BAD_FORMAT: use 1.
+  back by closing the connection. beanstalkd answers BAD_FORMAT: the
+  worker logs `worker.batch_off` and reserves one job at a time.
 - Each of the `--concurrency` slots has its own connection(s): a waiting
   reserve blocks its connection, and a job belongs to the connection that
   reserved it. Logs are JSON lines on stderr (`--log-format text` for

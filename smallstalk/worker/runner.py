@@ -17,7 +17,16 @@ from typing import Any
 
 import trio
 
-from smallstalk.client import AsyncClient, BeanstalkError, Job, JobStats, NotFound, TimedOut
+from smallstalk.client import (
+    AsyncClient,
+    BadFormat,
+    BeanstalkError,
+    Job,
+    JobStats,
+    NotFound,
+    TimedOut,
+    UnknownCommand,
+)
 from smallstalk.client.addresses import Servers, resolve_servers
 from smallstalk.client.security import Security
 from smallstalk.core.commands import RESERVE_BATCH_MAX
@@ -126,6 +135,14 @@ class Worker:
                     try:
                         got = await self._reserve(client)
                         errors = 0
+                    except (BadFormat, UnknownCommand) as e:
+                        if self.batch == 1:
+                            raise
+                        # beanstalkd reads `reserve-batch` as a malformed reserve.
+                        log_event(logging.ERROR, "worker.batch_off", slot=n, error=str(e),
+                                  why="the server does not know reserve-batch (beanstalkd?): "
+                                  "reserving one job at a time; drop --batch for it")
+                        self.batch = 1
                     except BeanstalkError as e:
                         errors += 1
                         wait = min(30.0, 0.25 * 2 ** min(errors, 8))

@@ -529,8 +529,11 @@ def test_batch_runs_jobs_in_reply_order_and_pipelines_the_deletes(smallstalk: Se
         assert ran == [3, 1, 0, 2, 4]  # priority, then age: plain reserves' order
         assert w.counts == {"done": 5, "retried": 0, "buried": 0, "lost": 0,
                             "handed_back": 0, "delete_writes": 1}
-        with pytest.raises(NotFound):  # an empty tube nobody watches is gone: no job left
-            c.stats_tube("batch")
+        try:  # gone once the server saw the worker's connection close: no job either way
+            ts = c.stats_tube("batch")
+            assert (ts.current_jobs_ready, ts.current_jobs_reserved) == (0, 0)
+        except NotFound:
+            pass
         stats = c.stats()
         # No plain reserve: the jobs came in one reserve-batch.
         assert (stats.cmd_reserve, stats.cmd_reserve_with_timeout) == (0, 0)
@@ -538,23 +541,24 @@ def test_batch_runs_jobs_in_reply_order_and_pipelines_the_deletes(smallstalk: Se
 
 
 def test_a_job_late_in_its_batch_is_touched_before_it_starts(smallstalk: Server) -> None:
-    """ttr=2 (time limit 1 s): the second job of a batch waits 1.2 s behind the
-    first. Without a touch it would start past its time limit (and its TTR
-    nearly out); touched first, it gets a whole TTR and runs its 0.5 s."""
+    """ttr=4 (time limit 3 s): the second job of a batch waits 2 s behind the
+    first, more than half its limit. Without a touch it would have 1 s left
+    for its 1.5 s (the worker's time limit would fail it); touched first, it
+    gets a whole TTR and a whole limit."""
     addr = addr_of(smallstalk)
     app = App(addr)
 
     @app.task(tube="late", ttr=60)
     async def first() -> None:
-        await trio.sleep(1.2)
+        await trio.sleep(2.0)
 
-    @app.task(tube="late", ttr=2, retries=0)
+    @app.task(tube="late", ttr=4, retries=0)
     async def second() -> None:
-        await trio.sleep(0.5)
+        await trio.sleep(1.5)
 
     with Client(addr) as c:
         c.put(first.encode([], {}), tube="late", ttr=60)
-        ref = c.put(second.encode([], {}), tube="late", ttr=2)
+        ref = c.put(second.encode([], {}), tube="late", ttr=4)
         w = worker_module.Worker(app, ["late"], batch=2)
         run_worker_until(w, lambda: w.counts["done"] + w.counts["buried"] == 2)
         assert w.counts["done"] == 2, w.counts
@@ -602,3 +606,26 @@ def test_worker_process_with_batch(smallstalk: Server, workers) -> None:
     assert w.named("worker.start")[0]["batch"] == 4
     stopped = w.named("worker.stopped")[0]
     assert stopped["done"] == 4 and stopped["delete_writes"] <= 4
+
+
+@needs_beanstalkd
+def test_batch_against_beanstalkd_falls_back_to_plain_reserves(tmp_path: Path,
+                                                              workers) -> None:
+    """beanstalkd answers reserve-batch BAD_FORMAT: one error line says so and
+    the worker goes on one job at a time."""
+    srv = start_beanstalkd(tmp_path)
+    try:
+        with Client(addr_of(srv)) as c:
+            refs = [publish(c, "echo", t) for t in "ab"]
+            w = workers(addr_of(srv), "--batch", "5")
+            assert sorted(results(c, 2)) == ["done:a", "done:b"]
+            w.signal(signal.SIGTERM)
+            assert w.wait() == 0
+            for ref in refs:
+                with pytest.raises(NotFound):
+                    c.stats_job(ref)
+        (off,) = w.named("worker.batch_off")
+        assert off["level"] == "error" and "drop --batch" in off["why"]
+        assert not w.named("reserve.error")
+    finally:
+        srv.kill()

@@ -22,6 +22,7 @@ from smallstalk.worker import (
     pick_tube,
     time_limit,
 )
+from smallstalk.worker.batch import needs_touch
 
 WEIGHTS = parse_tubes("high,default,low")
 
@@ -190,3 +191,10 @@ def test_task_registration() -> None:
         app.task(name="custom")(lambda: None)
     with pytest.raises(ValueError):
         app.task(ttr=0)(lambda: None)
+
+
+def test_a_batch_job_is_touched_once_its_wait_ate_half_its_time_limit() -> None:
+    # ttr 60: limit 59 s, touched past 29.5 s of waiting; ttr 2: limit 1 s, past 0.5 s.
+    assert not needs_touch(100.0, 129.5, 60) and needs_touch(100.0, 129.6, 60)
+    assert not needs_touch(0.0, 0.5, 2) and needs_touch(0.0, 0.51, 2)
+    assert not needs_touch(5.0, 5.0, 1)  # the first job of a reply starts at once
