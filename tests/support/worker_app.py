@@ -7,6 +7,8 @@ sleeping and hoping.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 
 import trio
@@ -94,4 +96,7 @@ def long_sync(tag: str, seconds: float) -> None:
 @app.task(tube="default", ttr=2, retries=0)
 async def too_slow(tag: str) -> None:
     await areport("started", tag)
+    # The worker freezes itself: a test that sent SIGSTOP after seeing "started"
+    # raced the task's own time limit (TTR less a second) on a loaded machine.
+    os.kill(os.getpid(), signal.SIGSTOP)
     await trio.sleep_forever()
