@@ -25,6 +25,7 @@ from servers import (
     REPO,
     SERVERS,
     Server,
+    compile_package,
     current_jobs,
     fsync_probe,
     git_info,
@@ -343,6 +344,7 @@ class Bench:
         out = {"jobs": n, "mode": "never", "servers": {}}
         if n <= 0:
             return out
+        compile_package(self.src)
         for kind in self.servers:
             data_dir = Path(tempfile.mkdtemp(prefix=f"{kind}-restart-", dir=self.workdir))
             try:
@@ -433,6 +435,7 @@ class Bench:
         out = {"samples": n, "cases": {}}
         if n <= 0:
             return out
+        compile_package(self.src)
         out["import_trio"] = import_trio_ms(n)
         self.say(f"SPAWN    import trio alone {json.dumps(out['import_trio'])}")
         for case in ("no data dir", "empty data dir"):

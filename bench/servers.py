@@ -34,6 +34,16 @@ MODES = {
 }
 
 
+def compile_package(src: Path | None = None) -> None:
+    """Write the bytecode of the smallstalk package the servers run (`src` or the
+    working tree's), as `pip install` does: a server spawned with
+    PYTHONDONTWRITEBYTECODE set (or from a fresh copy) would otherwise compile
+    every module from source at each start, ~75 ms of a ~140 ms spawn."""
+    import compileall
+
+    compileall.compile_dir(str((src or REPO) / "smallstalk"), quiet=1)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
