@@ -23,13 +23,15 @@ from typing import ClassVar
 import attrs
 import cbor2
 
+from smallstalk.core.frozen import frozen
+
 # 2: PutJobs, Expire, DeleteTube; snapshot items for big tubes. 3: `jobs` items. 4: FlushTube.
 # 5: PutUnique, `keys` snapshot items. 6: Requeue, Limits, Fire; `limit`, `schedule`, `hold`
 # 7: Move
 FORMAT_VERSION = 7
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Put:
     CODE: ClassVar[int] = 1
     seq: int
@@ -43,7 +45,7 @@ class Put:
     body: bytes
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Reserve:
     """Job `id` granted to `conn` (reserve, reserve-with-timeout, reserve-job; one
     per job of a reserve-batch)."""
@@ -55,7 +57,7 @@ class Reserve:
     id: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Delete:
     CODE: ClassVar[int] = 3
     seq: int
@@ -64,7 +66,7 @@ class Delete:
     id: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Release:
     CODE: ClassVar[int] = 4
     seq: int
@@ -75,7 +77,7 @@ class Release:
     delay: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Bury:
     CODE: ClassVar[int] = 5
     seq: int
@@ -85,7 +87,7 @@ class Bury:
     pri: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Touch:
     CODE: ClassVar[int] = 6
     seq: int
@@ -94,7 +96,7 @@ class Touch:
     id: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Kick:
     """Buried or delayed jobs moved to ready (kick N and kick-job)."""
 
@@ -105,7 +107,7 @@ class Kick:
     ids: tuple[int, ...] = attrs.field(converter=tuple)
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Use:
     CODE: ClassVar[int] = 8
     seq: int
@@ -114,7 +116,7 @@ class Use:
     tube: str
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Watch:
     CODE: ClassVar[int] = 9
     seq: int
@@ -123,7 +125,7 @@ class Watch:
     tube: str
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Ignore:
     CODE: ClassVar[int] = 10
     seq: int
@@ -132,7 +134,7 @@ class Ignore:
     tube: str
 
 
-@attrs.frozen(slots=True)
+@frozen
 class PauseTube:
     CODE: ClassVar[int] = 11
     seq: int
@@ -142,7 +144,7 @@ class PauseTube:
     delay: int  # seconds, at least 1
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Disconnect:
     """A connection closed: its reservations become ready, its tubes unreferenced."""
 
@@ -152,7 +154,7 @@ class Disconnect:
     conn: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Promote:
     """Delayed jobs whose delay ran out become ready."""
 
@@ -162,7 +164,7 @@ class Promote:
     ids: tuple[int, ...] = attrs.field(converter=tuple)
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Timeout:
     """Reserved jobs whose TTR ran out go back to ready."""
 
@@ -172,7 +174,7 @@ class Timeout:
     ids: tuple[int, ...] = attrs.field(converter=tuple)
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Restart:
     """The server started on this data: every connection before it is gone."""
 
@@ -181,7 +183,7 @@ class Restart:
     time: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class NewEpoch:
     """From this record on, this server leads history `history` (number `epoch`).
 
@@ -198,7 +200,7 @@ class NewEpoch:
     history: str
 
 
-@attrs.frozen(slots=True)
+@frozen
 class PutJobs:
     """A put with smallstalk's extras, as one atomic record (format 2).
 
@@ -224,7 +226,7 @@ class PutJobs:
     body: bytes
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Expire:
     """Ready or delayed jobs past their expiry time: deleted, or moved.
 
@@ -240,7 +242,7 @@ class Expire:
         converter=lambda xs: tuple((int(i), str(t), int(e)) for i, t, e in xs))
 
 
-@attrs.frozen(slots=True)
+@frozen
 class DeleteTube:
     """`delete-tube parent+child`: the fanout tube gets no more copies."""
 
@@ -251,7 +253,7 @@ class DeleteTube:
     tube: str
 
 
-@attrs.frozen(slots=True)
+@frozen
 class FlushTube:
     """`flush-tube tube`: exactly these jobs (ready, delayed, buried) are deleted."""
 
@@ -270,7 +272,7 @@ def _job_pairs(xs) -> tuple[tuple[int, str], ...]:
     return tuple((int(i), str(t)) for i, t in xs)
 
 
-@attrs.frozen(slots=True)
+@frozen
 class PutUnique:
     """A put with an idempotency key (format 5): PutJobs's fields, and the key.
 
@@ -297,7 +299,7 @@ class PutUnique:
     body: bytes
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Requeue:
     """Reserved jobs going back as their tube's policy decided (format 6).
 
@@ -324,7 +326,7 @@ class Requeue:
 REQUEUE_TIMEOUT, REQUEUE_RELEASE, REQUEUE_DISCONNECT = 0, 1, 2
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Limits:
     """From here on `tube` holds at most `max_reserved` jobs reserved (0: no
     limit) and hands out at most `rate` reserves per `period` ns (0: no
@@ -340,7 +342,7 @@ class Limits:
     period: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Fire:
     """Schedule `schedule`'s firing due at `at` (ns) happened (format 6):
     it made job `id` in `tube`, or nothing when `id` is 0 (skipped: the last
@@ -360,7 +362,7 @@ class Fire:
     body: bytes
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Move:
     """`move-job id tube` (format 7): the ready, delayed or buried job `id`
     goes to `tube` in the same state, keeping its id, priority, statistics,
@@ -377,7 +379,7 @@ class Move:
 # --- volatile: applied, never logged --------------------------------------
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Connect:
     LOGGED: ClassVar[bool] = False
     seq: int
@@ -385,7 +387,7 @@ class Connect:
     conn: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class WaitStart:
     """`conn` waits for a job; `deadline` (ns) is None for a plain reserve."""
 
@@ -396,7 +398,7 @@ class WaitStart:
     deadline: int | None
 
 
-@attrs.frozen(slots=True)
+@frozen
 class WaitStop:
     LOGGED: ClassVar[bool] = False
     seq: int
