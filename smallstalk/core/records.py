@@ -25,6 +25,13 @@ import cbor2
 
 from smallstalk.core.frozen import frozen
 
+
+def _tuple(xs) -> tuple:
+    """The converter of id lists: `tuple` itself would cost ~2 ms at import (attrs
+    reads a converter's signature, and a builtin's is parsed with tokenize)."""
+    return tuple(xs)
+
+
 # 2: PutJobs, Expire, DeleteTube; snapshot items for big tubes. 3: `jobs` items. 4: FlushTube.
 # 5: PutUnique, `keys` snapshot items. 6: Requeue, Limits, Fire; `limit`, `schedule`, `hold`
 # 7: Move
@@ -104,7 +111,7 @@ class Kick:
     seq: int
     time: int
     conn: int
-    ids: tuple[int, ...] = attrs.field(converter=tuple)
+    ids: tuple[int, ...] = attrs.field(converter=_tuple)
 
 
 @frozen
@@ -161,7 +168,7 @@ class Promote:
     CODE: ClassVar[int] = 13
     seq: int
     time: int
-    ids: tuple[int, ...] = attrs.field(converter=tuple)
+    ids: tuple[int, ...] = attrs.field(converter=_tuple)
 
 
 @frozen
@@ -171,7 +178,7 @@ class Timeout:
     CODE: ClassVar[int] = 14
     seq: int
     time: int
-    ids: tuple[int, ...] = attrs.field(converter=tuple)
+    ids: tuple[int, ...] = attrs.field(converter=_tuple)
 
 
 @frozen
@@ -222,7 +229,7 @@ class PutJobs:
     delay: int
     ttr: int
     expires: int
-    dropped: tuple[int, ...] = attrs.field(converter=tuple)
+    dropped: tuple[int, ...] = attrs.field(converter=_tuple)
     body: bytes
 
 
@@ -262,7 +269,7 @@ class FlushTube:
     time: int
     conn: int
     tube: str
-    ids: tuple[int, ...] = attrs.field(converter=tuple)
+    ids: tuple[int, ...] = attrs.field(converter=_tuple)
 
 
 def _job_pairs(xs) -> tuple[tuple[int, str], ...]:
@@ -295,7 +302,7 @@ class PutUnique:
     delay: int
     ttr: int
     expires: int
-    dropped: tuple[int, ...] = attrs.field(converter=tuple)
+    dropped: tuple[int, ...] = attrs.field(converter=_tuple)
     body: bytes
 
 
