@@ -107,6 +107,11 @@ def bind(addr: str, port: int, flags: tuple[str, str] = ("-l", "-p")) -> list[so
         for sock in socks:
             sock.close()
         raise ListenError(_why(where, e, flags)) from None
+    except UnicodeError:  # the idna codec refuses a non-ASCII name (an empty label ...)
+        for sock in socks:
+            sock.close()
+        raise ListenError(f"cannot listen on {where}: not a host name or address; "
+                          f"use {flags[0]}") from None
 
 
 def _why(where: str, e: OSError, flags: tuple[str, str]) -> str:
