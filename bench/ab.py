@@ -3,7 +3,11 @@
 
     .venv/bin/python bench/ab.py memory/put/10 /tmp/base /tmp/new --rounds 6
 
+    .venv/bin/python bench/ab.py spawn /tmp/base /tmp/new --rounds 30
+
 Each DIR holds a `smallstalk/` package (a copy of main, a copy of a branch).
+The point `spawn` (or `spawn-dir`, with an empty data directory) times spawn
+to the first reply to `stats` instead, with the server's CPU time by then.
 Every round starts a fresh server from each DIR in turn (A B, then B A) and
 drives it with bench/loadgen.py for `--duration` seconds; `rd` points are
 pre-loaded first. On a shared machine the server's CPU per op is the figure
@@ -35,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=1.5)
     ap.add_argument("--procs", type=int, default=2)
     a = ap.parse_args(argv)
+    if a.point in ("spawn", "spawn-dir"):
+        return spawn_ab(a.point == "spawn-dir", a.sources, a.rounds)
     mode, workload, conns = a.point.split("/")
     workdir = Path(tempfile.mkdtemp(prefix="smallstalk-ab-"))
     bench = types.SimpleNamespace(args=types.SimpleNamespace(procs=a.procs),
@@ -62,6 +68,31 @@ def main(argv: list[str] | None = None) -> int:
         ops = [x[1] for x in rows]
         print(f"{a.point} {src}: server CPU µs/op median {statistics.median(us):.1f} "
               f"(min {min(us):.1f}, max {max(us):.1f}), ops/s median {statistics.median(ops):,.0f}")
+    return 0
+
+
+def spawn_ab(with_dir: bool, sources: list[str], rounds: int) -> int:
+    """Spawn to first reply from each DIR in turn: medians of wall and server CPU ms,
+    beside `python -c "import trio"` spawned in the same rounds."""
+    workdir = Path(tempfile.mkdtemp(prefix="smallstalk-ab-"))
+    res: dict[str, list] = {s: [] for s in ["import trio", *sources]}
+    for src in sources:
+        servers.compile_package(Path(src))
+    try:
+        for i in range(rounds):
+            res["import trio"].append((measure.import_trio_ms(1)["median_ms"], None))
+            for src in sources if i % 2 == 0 else sources[::-1]:
+                bench = types.SimpleNamespace(workdir=workdir, src=Path(src))
+                wall, cpu = measure.spawn_to_first_reply(bench, "smallstalk", with_dir)
+                res[src].append((1e3 * wall, None if cpu is None else 1e3 * cpu))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    for src, rows in res.items():
+        walls = [x[0] for x in rows]
+        cpus = [x[1] for x in rows if x[1] is not None]
+        cpu = f", server CPU ms median {statistics.median(cpus):.1f}" if cpus else ""
+        print(f"spawn{'-dir' if with_dir else ''} {src}: wall ms median "
+              f"{statistics.median(walls):.1f} (min {min(walls):.1f}, max {max(walls):.1f}){cpu}")
     return 0
 
 

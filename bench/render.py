@@ -32,6 +32,19 @@ def disk_note(r: dict) -> str:
 
 
 
+def _python_note(meta: dict) -> str:
+    """`; Python 3.11.7 (x86_64, no PGO/LTO, shared; cbor2 6.3.0 compiled)`, when known."""
+    f = meta.get("python_facts")
+    if not f:
+        return ""
+    build = ", ".join(x for x in (
+        "PGO" if f["enable_optimizations"] else "no PGO flag",
+        "LTO" if f["lto"] else "", "shared libpython" if f["shared"] else "") if x)
+    cbor = (f"; cbor2 {f['cbor2']} {'compiled' if f.get('cbor2_compiled') else 'pure Python'}"
+            if f.get("cbor2") else "")
+    return f"; Python {meta.get('python', '?')} ({f['machine']}, {build}{cbor})"
+
+
 def fmt_num(x, nd=0, suffix=""):
     if x is None:
         return "-"
@@ -92,7 +105,8 @@ def render(results: dict, markdown: bool) -> str:
         f"{meta['procs']} processes, 100-byte bodies; git {meta['git']['commit'][:10]}"
         f"{' (dirty)' if meta['git']['dirty'] else ''}, smallstalk/ sha256 "
         f"{meta['git']['smallstalk_src_sha256'][:8]}; load average "
-        f"{meta['loadavg_range'][0]:.1f}-{meta['loadavg_range'][1]:.1f} during the run. "
+        f"{meta['loadavg_range'][0]:.1f}-{meta['loadavg_range'][1]:.1f} during the run"
+        f"{_python_note(meta)}. "
         "ratio = smallstalk / beanstalkd (ops/s: higher is better for smallstalk; "
         "µs/op and latency: lower is). Latency is per command in request/response rows, "
         "per 100-command batch in pipelined rows. An op is a put, a job reserved and "
@@ -194,17 +208,19 @@ def render(results: dict, markdown: bool) -> str:
             if r is None:
                 continue
             if "ready_s" not in r:
-                cells.append([kind, "ERROR", r.get("error", "")[:60], "", "", ""])
+                cells.append([kind, "ERROR", r.get("error", "")[:60], "", "", "", "", ""])
                 continue
             cells.append([kind, f"{r['port_s']:.2f}", f"{r['ready_s']:.2f}", f"{r['cpu_s']:.2f}",
+                          fmt_num(r.get("run_queue_s"), 2), fmt_num(r.get("blocked_s"), 2),
                           f"{r['disk_bytes'] / 2**20:.0f}",
                           f"{r['rss_after_restart_kb'] / 1024:.0f}"])
-        cells.append(["ratio", "", fmt_ratio(st.get("ratio")), "", "", ""])
+        cells.append(["ratio", "", fmt_ratio(st.get("ratio")), "", "", "", "", ""])
         title = (f"Restart with {st['jobs']:,} jobs on disk (--fsync never / -F; "
                  "from spawn until the port answers / `stats` shows every job)")
         parts.append(f"{h}{title}" if markdown else f"-- {title}")
-        parts.append(table(["server", "port s", "all jobs s", "cpu s", "disk MiB",
-                            "RSS MiB"], cells, markdown, {1, 2, 3, 4, 5}))
+        parts.append(table(["server", "port s", "all jobs s", "cpu s", "run queue s",
+                            "blocked s", "disk MiB", "RSS MiB"], cells, markdown,
+                           {1, 2, 3, 4, 5, 6, 7}))
 
     ho = results.get("handoff") or {}
     if ho.get("modes"):
@@ -261,7 +277,7 @@ def render(results: dict, markdown: bool) -> str:
             return fmt_rate(v) if metric == "ops_per_sec" else f"{v:,.2f}"
 
         ratio = (fmt_ratio(t["ratio"]) if t.get("beyond_trio_ms") is None
-                 else f"+{t['beyond_trio_ms']:.0f} ms")
+                 else f"{t['beyond_trio_ms']:+.0f} ms")
         if t["metric"] == "vs_floor":
             ratio = fmt_ratio(t["ratio"])
         cells.append([t["target"], t["point"], val(t["smallstalk"]), val(t["beanstalkd"]),

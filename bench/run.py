@@ -47,6 +47,7 @@ from servers import (  # noqa: E402
     beanstalkd_path,
     beanstalkd_version,
     loadavg,
+    python_facts,
 )
 from targets import evaluate_targets  # noqa: E402
 
@@ -124,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             "timestamp": stamp, "preset": args.preset, "duration": bench.duration,
             "rounds": bench.rounds, "open_load_share": OPEN_LOAD_SHARE,
             "procs": args.procs, "nproc": os.cpu_count(), "host": platform.node(),
-            "python": platform.python_version(), "beanstalkd": beanstalkd_version(),
+            "python": platform.python_version(), "python_facts": python_facts(),
+            "beanstalkd": beanstalkd_version(),
             "git": bench.git,
             "source": "working tree (live)" if bench.src is None
             else "snapshot of smallstalk/ taken at the start",

@@ -6,8 +6,10 @@ by hand; `line` is the one place the text is made.
 
 from __future__ import annotations
 
-import argparse
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    import argparse
 
 EXIT_USAGE = 2
 
@@ -33,17 +35,31 @@ class UsageError(Exception):
         return line(self.prog or prog or "smallstalk", str(self), self.see or see)
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is `line(prog, message, see)`: printed with exit
-    status 2 (a command-line entry point), or raised as UsageError with
-    `raises=True` (a caller that reports errors itself, or an in-process test)."""
+def __getattr__(name: str) -> Any:
+    # `Parser` is made on first use: argparse (and gettext) cost ~2 ms that
+    # `smallstalk serve`, which parses its flags by hand, does not pay.
+    if name == "Parser":
+        globals()["Parser"] = cls = _parser_class()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    def __init__(self, *args, raises: bool = False, see: str | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.raises = raises
-        self.see = see
 
-    def error(self, message: str) -> NoReturn:  # type: ignore[override]
-        if self.raises:
-            raise UsageError(message, self.prog, self.see)
-        self.exit(EXIT_USAGE, line(self.prog, message, self.see) + "\n")
+def _parser_class() -> type[argparse.ArgumentParser]:
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        """argparse, but a usage error is `line(prog, message, see)`: printed with exit
+        status 2 (a command-line entry point), or raised as UsageError with
+        `raises=True` (a caller that reports errors itself, or an in-process test)."""
+
+        def __init__(self, *args, raises: bool = False, see: str | None = None, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.raises = raises
+            self.see = see
+
+        def error(self, message: str) -> NoReturn:  # type: ignore[override]
+            if self.raises:
+                raise UsageError(message, self.prog, self.see)
+            self.exit(EXIT_USAGE, line(self.prog, message, self.see) + "\n")
+
+    return Parser

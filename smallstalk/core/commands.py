@@ -6,12 +6,11 @@ docs/ARCHITECTURE.md for where they go from there.
 
 from __future__ import annotations
 
-import attrs
-
 from smallstalk.core import model
+from smallstalk.core.frozen import frozen
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Put:
     pri: int
     delay: int  # seconds
@@ -22,7 +21,7 @@ class Put:
     max_age: int = 0
 
 
-@attrs.frozen(slots=True)
+@frozen
 class PutUnique:
     """smallstalk's `put-unique <key> <pri> <delay> <ttr> <bytes>`: a put with an
     idempotency key (1 to KEY_MAX bytes of tube-name characters)."""
@@ -37,121 +36,121 @@ class PutUnique:
 KEY_MAX = 200  # bytes of an idempotency key
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Reserve:
     timeout: int | None  # seconds; None blocks without limit
 
 
-@attrs.frozen(slots=True)
+@frozen
 class ReserveJob:
     id: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Delete:
     id: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Release:
     id: int
     pri: int
     delay: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Bury:
     id: int
     pri: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Touch:
     id: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Use:
     tube: str
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Watch:
     tube: str
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Ignore:
     tube: str
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Peek:
     id: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class PeekReady:
     pass
 
 
-@attrs.frozen(slots=True)
+@frozen
 class PeekDelayed:
     pass
 
 
-@attrs.frozen(slots=True)
+@frozen
 class PeekBuried:
     pass
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Kick:
     bound: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class KickJob:
     id: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class StatsJob:
     id: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class StatsTube:
     tube: str
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Stats:
     pass
 
 
-@attrs.frozen(slots=True)
+@frozen
 class ListTubes:
     pass
 
 
-@attrs.frozen(slots=True)
+@frozen
 class ListTubeUsed:
     pass
 
 
-@attrs.frozen(slots=True)
+@frozen
 class ListTubesWatched:
     pass
 
 
-@attrs.frozen(slots=True)
+@frozen
 class PauseTube:
     tube: str
     delay: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Quit:
     pass
 
@@ -159,7 +158,7 @@ class Quit:
 # smallstalk's own commands (beanstalkd answers them UNKNOWN_COMMAND).
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Replicate:
     """`replicate <epoch> <history|-> <after seq>`: become a replication feed."""
 
@@ -168,36 +167,36 @@ class Replicate:
     after: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class ReplicaAck:
     """`replica-ack <seq>`: a replica has everything up to seq on its disk."""
 
     seq: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class PromoteReplica:
     """`promote`: a replica stops following and accepts writes."""
 
 
-@attrs.frozen(slots=True)
+@frozen
 class DeleteTube:
     """`delete-tube <parent+child>`: stop copying puts into a fanout tube."""
 
     tube: str
 
 
-@attrs.frozen(slots=True)
+@frozen
 class ConfigDump:
     """`config`: the effective per-tube settings, as YAML."""
 
 
-@attrs.frozen(slots=True)
+@frozen
 class ReloadConfig:
     """`reload-config`: re-read the per-tube settings from the --config file."""
 
 
-@attrs.frozen(slots=True)
+@frozen
 class ListJobs:
     """`list-jobs <tube> <state> <after-id> <count>`: job ids in hand-out order."""
 
@@ -207,7 +206,7 @@ class ListJobs:
     count: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class FlushTube:
     """`flush-tube <tube>`: delete every ready, delayed and buried job of a tube."""
 
@@ -218,26 +217,26 @@ LIST_JOBS_STATES = model.STATE_NAMES  # list-jobs takes any state
 LIST_JOBS_MAX = 1000  # ids per list-jobs answer; page on with after-id
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Auth:
     """`auth <token>`: authenticate this connection for the admin commands."""
 
     token: str
 
 
-@attrs.frozen(slots=True)
+@frozen
 class ExtStats:
     """`ext-stats`: smallstalk's own server statistics (YAML, like `stats`)."""
 
 
-@attrs.frozen(slots=True)
+@frozen
 class ExtStatsTube:
     """`ext-stats-tube <tube>`: smallstalk's own statistics of a tube."""
 
     tube: str
 
 
-@attrs.frozen(slots=True)
+@frozen
 class ExplainJob:
     """`explain-job <id>`: the job's state and every reason it is not handed out now."""
 
@@ -247,7 +246,7 @@ class ExplainJob:
 RESERVE_BATCH_MAX = 1000  # jobs one reserve-batch may ask for
 
 
-@attrs.frozen(slots=True)
+@frozen
 class ReserveBatch:
     """`reserve-batch <n> <timeout>`: up to n ready jobs in one reply."""
 
@@ -255,7 +254,7 @@ class ReserveBatch:
     timeout: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class MoveJob:
     """`move-job <id> <tube>`: a ready, delayed or buried job to another tube."""
 
@@ -263,7 +262,7 @@ class MoveJob:
     tube: str
 
 
-@attrs.frozen(slots=True)
+@frozen
 class ErrorReply:
     """Malformed input: answer `reply` and go on with the next command.
 

@@ -11,7 +11,6 @@ take it, then where its body lives.
 
 from __future__ import annotations
 
-import datetime as dt
 import heapq
 from collections.abc import Callable
 
@@ -35,6 +34,8 @@ AHEAD_MAX = 10_000
 
 def iso(ns: int) -> str:
     """UTC, to the millisecond when there is a fraction (rate tokens come apart)."""
+    import datetime as dt  # here: the server's start does not need it (start-up time)
+
     t = dt.datetime.fromtimestamp(ns // NS, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
     ms = ns % NS // 1_000_000
     return f"{t}.{ms:03d}Z" if ms else f"{t}Z"

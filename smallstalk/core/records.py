@@ -23,13 +23,22 @@ from typing import ClassVar
 import attrs
 import cbor2
 
+from smallstalk.core.frozen import frozen
+
+
+def _tuple(xs) -> tuple:
+    """The converter of id lists: `tuple` itself would cost ~2 ms at import (attrs
+    reads a converter's signature, and a builtin's is parsed with tokenize)."""
+    return tuple(xs)
+
+
 # 2: PutJobs, Expire, DeleteTube; snapshot items for big tubes. 3: `jobs` items. 4: FlushTube.
 # 5: PutUnique, `keys` snapshot items. 6: Requeue, Limits, Fire; `limit`, `schedule`, `hold`
 # 7: Move
 FORMAT_VERSION = 7
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Put:
     CODE: ClassVar[int] = 1
     seq: int
@@ -43,7 +52,7 @@ class Put:
     body: bytes
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Reserve:
     """Job `id` granted to `conn` (reserve, reserve-with-timeout, reserve-job; one
     per job of a reserve-batch)."""
@@ -55,7 +64,7 @@ class Reserve:
     id: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Delete:
     CODE: ClassVar[int] = 3
     seq: int
@@ -64,7 +73,7 @@ class Delete:
     id: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Release:
     CODE: ClassVar[int] = 4
     seq: int
@@ -75,7 +84,7 @@ class Release:
     delay: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Bury:
     CODE: ClassVar[int] = 5
     seq: int
@@ -85,7 +94,7 @@ class Bury:
     pri: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Touch:
     CODE: ClassVar[int] = 6
     seq: int
@@ -94,7 +103,7 @@ class Touch:
     id: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Kick:
     """Buried or delayed jobs moved to ready (kick N and kick-job)."""
 
@@ -102,10 +111,10 @@ class Kick:
     seq: int
     time: int
     conn: int
-    ids: tuple[int, ...] = attrs.field(converter=tuple)
+    ids: tuple[int, ...] = attrs.field(converter=_tuple)
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Use:
     CODE: ClassVar[int] = 8
     seq: int
@@ -114,7 +123,7 @@ class Use:
     tube: str
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Watch:
     CODE: ClassVar[int] = 9
     seq: int
@@ -123,7 +132,7 @@ class Watch:
     tube: str
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Ignore:
     CODE: ClassVar[int] = 10
     seq: int
@@ -132,7 +141,7 @@ class Ignore:
     tube: str
 
 
-@attrs.frozen(slots=True)
+@frozen
 class PauseTube:
     CODE: ClassVar[int] = 11
     seq: int
@@ -142,7 +151,7 @@ class PauseTube:
     delay: int  # seconds, at least 1
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Disconnect:
     """A connection closed: its reservations become ready, its tubes unreferenced."""
 
@@ -152,27 +161,27 @@ class Disconnect:
     conn: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Promote:
     """Delayed jobs whose delay ran out become ready."""
 
     CODE: ClassVar[int] = 13
     seq: int
     time: int
-    ids: tuple[int, ...] = attrs.field(converter=tuple)
+    ids: tuple[int, ...] = attrs.field(converter=_tuple)
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Timeout:
     """Reserved jobs whose TTR ran out go back to ready."""
 
     CODE: ClassVar[int] = 14
     seq: int
     time: int
-    ids: tuple[int, ...] = attrs.field(converter=tuple)
+    ids: tuple[int, ...] = attrs.field(converter=_tuple)
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Restart:
     """The server started on this data: every connection before it is gone."""
 
@@ -181,7 +190,7 @@ class Restart:
     time: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class NewEpoch:
     """From this record on, this server leads history `history` (number `epoch`).
 
@@ -198,7 +207,7 @@ class NewEpoch:
     history: str
 
 
-@attrs.frozen(slots=True)
+@frozen
 class PutJobs:
     """A put with smallstalk's extras, as one atomic record (format 2).
 
@@ -220,11 +229,11 @@ class PutJobs:
     delay: int
     ttr: int
     expires: int
-    dropped: tuple[int, ...] = attrs.field(converter=tuple)
+    dropped: tuple[int, ...] = attrs.field(converter=_tuple)
     body: bytes
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Expire:
     """Ready or delayed jobs past their expiry time: deleted, or moved.
 
@@ -240,7 +249,7 @@ class Expire:
         converter=lambda xs: tuple((int(i), str(t), int(e)) for i, t, e in xs))
 
 
-@attrs.frozen(slots=True)
+@frozen
 class DeleteTube:
     """`delete-tube parent+child`: the fanout tube gets no more copies."""
 
@@ -251,7 +260,7 @@ class DeleteTube:
     tube: str
 
 
-@attrs.frozen(slots=True)
+@frozen
 class FlushTube:
     """`flush-tube tube`: exactly these jobs (ready, delayed, buried) are deleted."""
 
@@ -260,7 +269,7 @@ class FlushTube:
     time: int
     conn: int
     tube: str
-    ids: tuple[int, ...] = attrs.field(converter=tuple)
+    ids: tuple[int, ...] = attrs.field(converter=_tuple)
 
 
 def _job_pairs(xs) -> tuple[tuple[int, str], ...]:
@@ -270,7 +279,7 @@ def _job_pairs(xs) -> tuple[tuple[int, str], ...]:
     return tuple((int(i), str(t)) for i, t in xs)
 
 
-@attrs.frozen(slots=True)
+@frozen
 class PutUnique:
     """A put with an idempotency key (format 5): PutJobs's fields, and the key.
 
@@ -293,11 +302,11 @@ class PutUnique:
     delay: int
     ttr: int
     expires: int
-    dropped: tuple[int, ...] = attrs.field(converter=tuple)
+    dropped: tuple[int, ...] = attrs.field(converter=_tuple)
     body: bytes
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Requeue:
     """Reserved jobs going back as their tube's policy decided (format 6).
 
@@ -324,7 +333,7 @@ class Requeue:
 REQUEUE_TIMEOUT, REQUEUE_RELEASE, REQUEUE_DISCONNECT = 0, 1, 2
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Limits:
     """From here on `tube` holds at most `max_reserved` jobs reserved (0: no
     limit) and hands out at most `rate` reserves per `period` ns (0: no
@@ -340,7 +349,7 @@ class Limits:
     period: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Fire:
     """Schedule `schedule`'s firing due at `at` (ns) happened (format 6):
     it made job `id` in `tube`, or nothing when `id` is 0 (skipped: the last
@@ -360,7 +369,7 @@ class Fire:
     body: bytes
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Move:
     """`move-job id tube` (format 7): the ready, delayed or buried job `id`
     goes to `tube` in the same state, keeping its id, priority, statistics,
@@ -377,7 +386,7 @@ class Move:
 # --- volatile: applied, never logged --------------------------------------
 
 
-@attrs.frozen(slots=True)
+@frozen
 class Connect:
     LOGGED: ClassVar[bool] = False
     seq: int
@@ -385,7 +394,7 @@ class Connect:
     conn: int
 
 
-@attrs.frozen(slots=True)
+@frozen
 class WaitStart:
     """`conn` waits for a job; `deadline` (ns) is None for a plain reserve."""
 
@@ -396,7 +405,7 @@ class WaitStart:
     deadline: int | None
 
 
-@attrs.frozen(slots=True)
+@frozen
 class WaitStop:
     LOGGED: ClassVar[bool] = False
     seq: int

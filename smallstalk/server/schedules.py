@@ -12,13 +12,15 @@ stepped by cronsim, in the schedule's time zone (zoneinfo).
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from smallstalk.core import records as r
 from smallstalk.core.state import DELAYED, NS, READY, RESERVED, State
+
+if TYPE_CHECKING:  # datetime is imported on use: a server without schedules never needs it
+    import datetime as dt
 
 SCHEDULE_KEYS = ("name", "tube", "cron", "timezone", "body", "pri", "ttr", "delay",
                  "skip-if-pending", "catch-up")
@@ -75,6 +77,8 @@ class Schedule:
                 "skip-if-pending": self.skip_if_pending, "catch-up": self.catch_up}
 
     def _dt(self, ns: int) -> dt.datetime:
+        import datetime as dt
+
         return dt.datetime.fromtimestamp(ns // 1000 / 1e6, self._zone)
 
     def next_after(self, ns: int) -> int:
@@ -90,6 +94,8 @@ class Schedule:
 
     def last_at_or_before(self, ns: int) -> int:
         """The latest firing at or before `ns`."""
+        import datetime as dt
+
         from cronsim import CronSim
 
         prev = next(CronSim(self.cron, self._dt(ns) + dt.timedelta(microseconds=1),
@@ -108,6 +114,7 @@ def _check_cron(expr: object, tz: str, where: str) -> None:
         raise ConfigError(f'{where}.cron: expected 5 fields like "*/5 * * * *" (or 6, '
                           f"seconds first), got {expr!r}")
     try:
+        import datetime as dt
         from zoneinfo import ZoneInfo
 
         CronSim(expr, dt.datetime.now(ZoneInfo(tz)))

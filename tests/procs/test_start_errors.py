@@ -113,6 +113,13 @@ def test_an_address_not_on_this_host() -> None:
     one_line_error(proc, 111, "192.0.2.1", "use -l")
 
 
+@pytest.mark.parametrize("addr", ["a..b", "\u00e4..b"])
+def test_an_address_that_is_not_a_name(addr: str) -> None:
+    """An empty label: getaddrinfo's refusal (ASCII) or the idna codec's (not ASCII)."""
+    proc = run("serve", "-l", addr, "-p", str(free_port()))
+    one_line_error(proc, 111, addr, "use -l")
+
+
 def test_port_0_logs_the_port_it_got(tmp_path: Path) -> None:
     log_path = tmp_path / "server.log"
     with open(log_path, "wb") as log:
