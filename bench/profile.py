@@ -4,6 +4,7 @@
     .venv/bin/pip install py-spy        # not a project dependency
     .venv/bin/python bench/profile.py --workload put --conns 10 --mode never --seconds 20
     .venv/bin/python bench/profile.py --tool cprofile ...   # CPU-time, call counts per op
+    .venv/bin/python bench/profile.py --tool callgrind      # instructions per command, in-process
 
 Starts smallstalk (same flags as bench/run.py's modes), drives it with
 bench/loadgen.py for the duration and prints the top functions.
@@ -122,8 +123,10 @@ def status_counts(pid: int) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tool", choices=("py-spy", "cprofile", "count", "time"), default="py-spy",
-                    help="count/time: in-process, deterministic calls (or CPU) per command")
+    ap.add_argument("--tool", choices=("py-spy", "cprofile", "count", "time", "callgrind"),
+                    default="py-spy",
+                    help="count/time/callgrind: in-process, deterministic calls, CPU or "
+                         "instructions per command")
     ap.add_argument("--workload", default="put", choices=loadgen.WORKLOADS)
     ap.add_argument("--conns", type=int, default=10)
     ap.add_argument("--mode", default="never", choices=list(servers.MODES))
@@ -145,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
                         "alternating in fresh processes)")
     g.add_argument("--rounds", type=int, default=4, help="A/B rounds")
     g.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    g.add_argument("--cg-dir", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.tool in ("count", "time"):
+    if args.tool in ("count", "time", "callgrind"):
         if args.mode == "always":
             raise SystemExit("count/time run memory or never (no fsync thread in-process)")
         return count_main(args)
@@ -300,11 +304,15 @@ class _Conn:
 
     def received(self, data: bytes) -> None:
         parser = self.parser
-        parser.feed(data)
+        if hasattr(parser, "take"):  # this tree's connection.py (an older one's below)
+            events, held = parser.take(data)
+        else:
+            parser.feed(data)
+            events = parser.events()
+            held = parser.buffered()
         self.read_bytes += len(data)
-        events = parser.events()
         if events:
-            used = self.read_bytes - parser.buffered()
+            used = self.read_bytes - held
             self.lp.submit(self.session, events, used - self.submitted + len(events) * 64)
             self.submitted = used
 
@@ -320,10 +328,12 @@ class _Conn:
         return b"delete %s\r\n" % self.job
 
 
-async def _count_run(workload: str, per_turn: int, ops: int, mode: str, profile) -> dict:
+async def _count_run(workload: str, per_turn: int, ops: int, mode: str, profile,
+                     on_off=None) -> dict:
     """`ops` ops of `workload` by `per_turn` clients, one command each per poller
     pass, as in request/response at `per_turn` connections; `profile` (a
-    sys.setprofile hook, or None) is on only during the passes of the measured ops."""
+    sys.setprofile hook, or None) is on only during the passes of the measured ops,
+    and so are `on_off`'s two callables (callgrind's collection), if given."""
     import trio
 
     from smallstalk.core.protocol import Parser
@@ -352,11 +362,15 @@ async def _count_run(workload: str, per_turn: int, ops: int, mode: str, profile)
                     t0 = time.thread_time()
                     if profile is not None:
                         sys.setprofile(profile)
+                    if on_off is not None:
+                        on_off[0]()
                 lp.begin_batch()
                 for c, data in sends:
                     c.received(data)
                 await lp.end_batch()
                 if measured:
+                    if on_off is not None:
+                        on_off[1]()
                     sys.setprofile(None)
                     cpu += time.thread_time() - t0
                     passes += 1
@@ -410,7 +424,9 @@ def time_turns(workload: str, per_turn: int, ops: int, mode: str, reps: int) -> 
 
 
 def count_main(args) -> int:
-    """--tool count / --tool time: in this process, or alternating over --source DIRs."""
+    """--tool count / time / callgrind: in this process, or alternating over --source DIRs."""
+    if args.tool == "callgrind":
+        return callgrind_main(args)
     if args.source and not args.inner:
         return _ab(args)
     rows = []
@@ -460,6 +476,130 @@ def _ab(args) -> int:
         lines.append(f"| {row['workload']} | {row['per_turn']} | "
                      + " | ".join(f"{v:.2f}" for v in vals) + " |")
     print("\n".join(lines) + f"\n\n({what})")
+    return 0
+
+
+# --- instructions per command under callgrind -------------------------------------------
+
+# Callgrind's client requests, for ctypes: collection is switched on for each
+# measured pass only, and the counts are dumped once per workload.
+CALLGRIND_C = r"""
+#include <valgrind/callgrind.h>
+void ss_toggle(void) { CALLGRIND_TOGGLE_COLLECT; }
+void ss_dump(const char *what) { CALLGRIND_DUMP_STATS_AT(what); }
+void ss_zero(void) { CALLGRIND_ZERO_STATS; }
+"""
+
+
+def _callgrind_lib(tmp: Path):
+    import ctypes
+
+    src, lib = tmp / "ss_callgrind.c", tmp / "ss_callgrind.so"
+    src.write_text(CALLGRIND_C)
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise SystemExit("--tool callgrind needs a C compiler and valgrind's headers "
+                         "(apt-get install -y gcc valgrind)")
+    subprocess.run([cc, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    return ctypes.CDLL(str(lib))
+
+
+def callgrind_inner(args) -> list[dict]:
+    """Under valgrind: every (workload, per turn) in turn, collection on during
+    its measured passes only, one dump each; and a calibration of what the
+    switching itself costs (a pass of nothing)."""
+    import gc
+
+    import trio
+
+    # The cyclic collector runs at allocation counts, wherever they fall: off,
+    # so that a change elsewhere cannot move a collection into or out of the passes.
+    gc.disable()
+    tmp = Path(args.cg_dir)
+    lib = _callgrind_lib(tmp)
+    on_off = (lib.ss_toggle, lib.ss_toggle)
+    rows = []
+    # Calibration: the toggles around an empty pass body, as the passes make them.
+    lib.ss_zero()
+    n_cal = 2000
+    for _ in range(n_cal):
+        on_off[0]()
+        on_off[1]()
+    lib.ss_dump(b"calibration")
+    for wl in args.workloads.split(","):
+        for k in (int(x) for x in args.per_turn.split(",")):
+            ops = max(args.ops, k * 4)
+            gc.collect()
+            lib.ss_zero()
+            res = trio.run(_count_run, wl, k, ops, args.mode, None, on_off)
+            lib.ss_dump(f"{wl}/{k}".encode())
+            rows.append({"workload": wl, "per_turn": k, "mode": args.mode,
+                         "passes": res["passes"], "commands": res["commands"], "ops": res["ops"]})
+    return [{"calibration_passes": n_cal}, *rows]
+
+
+def _callgrind_totals(out_dir: Path) -> dict[str, int]:
+    """Instructions collected in each dump, by its label."""
+    totals = {}
+    for f in out_dir.glob("callgrind.out.*"):
+        label = ir = None
+        with open(f) as fh:
+            for line in fh:
+                if line.startswith("desc: Trigger:"):
+                    m = re.search(r"Client Request: (.*)$", line.strip())
+                    label = m.group(1) if m else line.split(":", 2)[2].strip()
+                elif line.startswith(("summary:", "totals:")):
+                    ir = int(line.split()[1])
+        if label is not None and ir is not None:
+            totals[label] = ir
+    return totals
+
+
+def callgrind_main(args) -> int:
+    """Run the passes under valgrind --tool=callgrind; instructions per command."""
+    if args.inner:
+        print(json.dumps(callgrind_inner(args)))
+        return 0
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise SystemExit("--tool callgrind needs valgrind (apt-get install -y valgrind)")
+    sources = args.source or [None]
+    lines = []
+    for src in sources:
+        tmp = Path(tempfile.mkdtemp(prefix="smallstalk-callgrind-"))
+        try:
+            env = dict(os.environ, PYTHONHASHSEED="0")
+            if src is not None:
+                env["PYTHONPATH"] = str(Path(src).resolve())
+            out = subprocess.run(
+                [valgrind, "--tool=callgrind", "--collect-atstart=no",
+                 f"--callgrind-out-file={tmp}/callgrind.out.%p", sys.executable,
+                 str(HERE / "profile.py"), "--tool", "callgrind", "--inner", "--cg-dir",
+                 str(tmp), "--workloads", args.workloads, "--per-turn", args.per_turn,
+                 "--ops", str(args.ops), "--mode", args.mode],
+                env=env, cwd="/" if src is not None else None, capture_output=True,
+                text=True)
+            if out.returncode != 0:
+                raise SystemExit(f"valgrind failed:\n{out.stderr[-3000:]}")
+            meta = json.loads(out.stdout.strip().splitlines()[-1])
+            totals = _callgrind_totals(tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        per_toggle_pair = totals["calibration"] / meta[0]["calibration_passes"]
+        what = src or "this checkout"
+        lines += [f"### Instructions per command in-process under callgrind, mode {args.mode}: "
+                  f"{what} (switching collection on and off: {per_toggle_pair:,.0f} per pass, "
+                  "subtracted)", "",
+                  "| workload | commands per turn | instructions/command | per op | per turn |",
+                  "|---|---:|---:|---:|---:|"]
+        for row in meta[1:]:
+            ir = totals[f"{row['workload']}/{row['per_turn']}"] \
+                - per_toggle_pair * row["passes"]
+            lines.append(f"| {row['workload']} | {row['per_turn']} | "
+                         f"{ir / row['commands']:,.0f} | {ir / row['ops']:,.0f} | "
+                         f"{ir / row['passes']:,.0f} |")
+        lines.append("")
+    print("\n".join(lines))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The beanstalkd commands as small frozen classes, and each as a client writes it (`render`).
+"""The beanstalkd commands as small classes, and each as a client writes it (`render`).
 
 The parser (parser.py) makes them from bytes; `render` is its inverse. See
 docs/ARCHITECTURE.md for where they go from there.
@@ -7,10 +7,10 @@ docs/ARCHITECTURE.md for where they go from there.
 from __future__ import annotations
 
 from smallstalk.core import model
-from smallstalk.core.frozen import frozen
+from smallstalk.core.frozen import command
 
 
-@frozen
+@command
 class Put:
     pri: int
     delay: int  # seconds
@@ -21,7 +21,7 @@ class Put:
     max_age: int = 0
 
 
-@frozen
+@command
 class PutUnique:
     """smallstalk's `put-unique <key> <pri> <delay> <ttr> <bytes>`: a put with an
     idempotency key (1 to KEY_MAX bytes of tube-name characters)."""
@@ -36,121 +36,121 @@ class PutUnique:
 KEY_MAX = 200  # bytes of an idempotency key
 
 
-@frozen
+@command
 class Reserve:
     timeout: int | None  # seconds; None blocks without limit
 
 
-@frozen
+@command
 class ReserveJob:
     id: int
 
 
-@frozen
+@command
 class Delete:
     id: int
 
 
-@frozen
+@command
 class Release:
     id: int
     pri: int
     delay: int
 
 
-@frozen
+@command
 class Bury:
     id: int
     pri: int
 
 
-@frozen
+@command
 class Touch:
     id: int
 
 
-@frozen
+@command
 class Use:
     tube: str
 
 
-@frozen
+@command
 class Watch:
     tube: str
 
 
-@frozen
+@command
 class Ignore:
     tube: str
 
 
-@frozen
+@command
 class Peek:
     id: int
 
 
-@frozen
+@command
 class PeekReady:
     pass
 
 
-@frozen
+@command
 class PeekDelayed:
     pass
 
 
-@frozen
+@command
 class PeekBuried:
     pass
 
 
-@frozen
+@command
 class Kick:
     bound: int
 
 
-@frozen
+@command
 class KickJob:
     id: int
 
 
-@frozen
+@command
 class StatsJob:
     id: int
 
 
-@frozen
+@command
 class StatsTube:
     tube: str
 
 
-@frozen
+@command
 class Stats:
     pass
 
 
-@frozen
+@command
 class ListTubes:
     pass
 
 
-@frozen
+@command
 class ListTubeUsed:
     pass
 
 
-@frozen
+@command
 class ListTubesWatched:
     pass
 
 
-@frozen
+@command
 class PauseTube:
     tube: str
     delay: int
 
 
-@frozen
+@command
 class Quit:
     pass
 
@@ -158,7 +158,7 @@ class Quit:
 # smallstalk's own commands (beanstalkd answers them UNKNOWN_COMMAND).
 
 
-@frozen
+@command
 class Replicate:
     """`replicate <epoch> <history|-> <after seq>`: become a replication feed."""
 
@@ -167,36 +167,36 @@ class Replicate:
     after: int
 
 
-@frozen
+@command
 class ReplicaAck:
     """`replica-ack <seq>`: a replica has everything up to seq on its disk."""
 
     seq: int
 
 
-@frozen
+@command
 class PromoteReplica:
     """`promote`: a replica stops following and accepts writes."""
 
 
-@frozen
+@command
 class DeleteTube:
     """`delete-tube <parent+child>`: stop copying puts into a fanout tube."""
 
     tube: str
 
 
-@frozen
+@command
 class ConfigDump:
     """`config`: the effective per-tube settings, as YAML."""
 
 
-@frozen
+@command
 class ReloadConfig:
     """`reload-config`: re-read the per-tube settings from the --config file."""
 
 
-@frozen
+@command
 class ListJobs:
     """`list-jobs <tube> <state> <after-id> <count>`: job ids in hand-out order."""
 
@@ -206,7 +206,7 @@ class ListJobs:
     count: int
 
 
-@frozen
+@command
 class FlushTube:
     """`flush-tube <tube>`: delete every ready, delayed and buried job of a tube."""
 
@@ -217,26 +217,26 @@ LIST_JOBS_STATES = model.STATE_NAMES  # list-jobs takes any state
 LIST_JOBS_MAX = 1000  # ids per list-jobs answer; page on with after-id
 
 
-@frozen
+@command
 class Auth:
     """`auth <token>`: authenticate this connection for the admin commands."""
 
     token: str
 
 
-@frozen
+@command
 class ExtStats:
     """`ext-stats`: smallstalk's own server statistics (YAML, like `stats`)."""
 
 
-@frozen
+@command
 class ExtStatsTube:
     """`ext-stats-tube <tube>`: smallstalk's own statistics of a tube."""
 
     tube: str
 
 
-@frozen
+@command
 class ExplainJob:
     """`explain-job <id>`: the job's state and every reason it is not handed out now."""
 
@@ -246,7 +246,7 @@ class ExplainJob:
 RESERVE_BATCH_MAX = 1000  # jobs one reserve-batch may ask for
 
 
-@frozen
+@command
 class ReserveBatch:
     """`reserve-batch <n> <timeout>`: up to n ready jobs in one reply."""
 
@@ -254,7 +254,7 @@ class ReserveBatch:
     timeout: int
 
 
-@frozen
+@command
 class MoveJob:
     """`move-job <id> <tube>`: a ready, delayed or buried job to another tube."""
 
@@ -262,7 +262,7 @@ class MoveJob:
     tube: str
 
 
-@frozen
+@command
 class ErrorReply:
     """Malformed input: answer `reply` and go on with the next command.
 

@@ -282,6 +282,11 @@ class Parser:
         """A fatal error or `quit` was parsed: nothing after it is read."""
         return self._mode == _DEAD
 
+    def take(self, data: bytes) -> tuple[list[McEvent], int]:
+        """`feed(data)`, then `events()` and `buffered()` (as protocol.Parser.take)."""
+        self.feed(data)
+        return self.events(), self.buffered()
+
     def feed(self, data: bytes) -> None:
         if self._mode == _DEAD:
             return

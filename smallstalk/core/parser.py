@@ -486,6 +486,14 @@ class Parser:
             data = data[take:]
         self._buf += data
 
+    def take(self, data: bytes) -> tuple[list[Event], int]:
+        """`feed(data)`, then `events()` and `buffered()`: a connection's read in one call."""
+        if self._mode == _SKIP and not self._buf:
+            self.feed(data)
+        else:
+            self._buf += data
+        return self.events(), len(self._buf)
+
     def events(self) -> list[Event]:
         out: list[Event] = []
         buf = self._buf

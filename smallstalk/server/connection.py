@@ -137,8 +137,16 @@ class _Connection:
         if blob and not self.broken:
             if self.unsent or self.sending or self.fd < 0:
                 self._queue(blob)  # never in the middle of what is being sent
-            else:
-                self._write_now(blob)
+            else:  # _write_now, inlined: every reply of the polled path passes here
+                try:
+                    n = os.write(self.fd, blob)
+                except BlockingIOError:
+                    n = 0
+                except OSError:
+                    self.broken = True  # the reader sees the hang-up and ends the connection
+                    n = len(blob)
+                if n < len(blob):
+                    self._queue(memoryview(blob)[n:])
         if close:
             self.closing = True
         # Wake the sender or a throttled reader only when they have work:
@@ -193,7 +201,21 @@ class _Connection:
             return
         except OSError:
             data = b""
-        self._received(data)
+        if data:  # _received and _over_limit, inlined: a request/response command's path
+            events, held = self.parser.take(data)
+            self.read_bytes += len(data)
+            s = self.session
+            if events:
+                self.done = False
+                used = self.read_bytes - held
+                self.lp.submit(s, events,
+                               used - self.submitted_bytes + len(events) * COMMAND_COST)
+                self.submitted_bytes = used
+            if not (s.inflight > INPUT_AHEAD or s.inflight + s.owed > MAX_QUEUED_BYTES) \
+                    or self.broken:
+                return
+        else:
+            self._received(data)
         if self.eof or self._over_limit():
             self.poller.remove(self.fd)  # the connection's task puts it back (`_polled`)
             self.paused = True
@@ -212,13 +234,11 @@ class _Connection:
             self.lp.end_of_input(self.session)
             self._wake()
             return
-        parser = self.parser
-        parser.feed(data)
+        events, held = self.parser.take(data)
         self.read_bytes += len(data)
-        events = parser.events()
         if events:
             self.done = False
-            used = self.read_bytes - parser.buffered()
+            used = self.read_bytes - held
             self.lp.submit(self.session, events,
                            used - self.submitted_bytes + len(events) * COMMAND_COST)
             self.submitted_bytes = used

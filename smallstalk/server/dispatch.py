@@ -18,7 +18,7 @@ from typing import Protocol
 from smallstalk.core import explain
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
-from smallstalk.core.model import STATE_BY_NAME
+from smallstalk.core.model import DEFAULT_TUBE, STATE_BY_NAME
 from smallstalk.core.state import BURIED, DELAYED, NS, READY, RESERVED, State, body_len
 from smallstalk.core.stats import job_key_stats, job_stats, tube_stats
 from smallstalk.server import holdback
@@ -78,13 +78,15 @@ class Loop(server_stats.Observed, Protocol):
 
 
 def put(lp: Loop, s: Session, cmd: p.Put):
-    lp.count("cmd-put")
+    counters = lp.counters  # lp.count("cmd-put"), inlined: the commonest command
+    counters["cmd-put"] = counters.get("cmd-put", 0) + 1
     s.producer = True
     if lp.draining:
         lp.burn_job_id()  # as in beanstalkd, the job was made before the check
         return p.DRAINING
     st = lp.state
-    tube = st.use_of(s.id)
+    c = st.conns.get(s.id)  # st.use_of(s.id), inlined
+    tube = c.use if c is not None else DEFAULT_TUBE
     pol = lp.policies.of(tube)
     children = st.fanout.get(tube)
     if pol.plain and not children and not cmd.max_age:

@@ -62,8 +62,7 @@ class Replication(Protocol):
     def promote(self, lp: MutationLoop) -> int: ...
 
 
-def wall_clock() -> int:
-    return time.time_ns()
+wall_clock: Callable[[], int] = time.time_ns  # the loop's clock (tests inject another)
 
 
 # A replica's own sessions take ids far above its primary's connection ids,
@@ -191,7 +190,9 @@ class MutationLoop:
     def submit(self, s: Session, events: list, size: int = 0) -> None:
         """Commands for the loop; `size` counts toward the session's backpressure."""
         s.inflight += size
-        self._post(("cmds", s, events, size))
+        self._inbox.append(("cmds", s, events, size))  # _post, inlined
+        if not self.batching:
+            self._wake()
 
     def end_of_input(self, s: Session) -> None:
         self._post(("eof", s))
@@ -350,7 +351,9 @@ class MutationLoop:
     # --- what handlers call -----------------------------------------------------
 
     def take_job_id(self) -> int:
-        job_id = max(self.state.next_job_id, self._id_floor)
+        job_id, floor = self.state.next_job_id, self._id_floor
+        if floor > job_id:  # a comparison: max() costs more, on every put
+            job_id = floor
         self._id_floor = job_id + 1
         return job_id
 
@@ -536,6 +539,9 @@ class MutationLoop:
             return  # the running turn's end wakes the loop task for this input
         if not self._inbox:
             return
+        st = self.state  # timers.heap_tops(st), inlined:
+        h1, h2, h3 = st.delay_heap, st.ttr_heap, st.expiry_heap
+        tops = (h1 and h1[0], h2 and h2[0], h3 and h3[0])
         await self._turn_on_inbox()
         # The loop task sleeps until the next timer as it was before this
         # turn: if this turn made an earlier one (a delay, a TTR, a lazy
@@ -543,7 +549,7 @@ class MutationLoop:
         # left alone: moving a deadline costs trio more than the rare early
         # wake-up, which finds nothing due and sleeps again.
         sleep = self._sleep
-        if sleep is not None and not self._waits_turn:
+        if sleep is not None and not self._waits_turn and timers.maybe_earlier(self, tops):
             wait = timers.seconds_to_next_deadline(self)
             if wait is not None:
                 at = trio.current_time() + wait
@@ -637,7 +643,7 @@ class MutationLoop:
         """Run a session's pending commands in order until one blocks, its
         slice of the turn is used up, or too many of its replies are unsent."""
         c = self.commit
-        c.touch(s)
+        c.touched[s.id] = s  # c.touch(s), inlined
         handlers = dispatch.HANDLERS
         st = self.state
         track = c.track_needs

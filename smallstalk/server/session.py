@@ -120,7 +120,10 @@ def deliver_replies(s: Session, out: list[bytes], done: bool, closing: bool) -> 
     # Taken off before the connection sees it (which adds back what the socket
     # did not take): its check for room to read again must see the true count,
     # or a paused connection whose last reply was big stayed paused for good.
-    sent(s, len(blob))
+    s.owed -= len(blob)  # sent(s, len(blob)), inlined
+    if s.held and s.owed <= OUT_BOUND:
+        s.held = False
+        s.resume(s)
     s.deliver(blob, done, closing)
 
 

@@ -5,6 +5,8 @@ Every test takes `autojump_clock`: pytest-trio only uses a clock the test itself
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import trio
 
@@ -275,6 +277,43 @@ async def test_a_deferred_reply_is_counted_like_any_other(lp, autojump_clock) ->
         await trio.sleep(0.01)
     assert b"".join(out) == p.UNAUTHORIZED * 5 + b"USING default\r\n"
     assert s.owed == 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_a_poller_pass_never_leaves_the_loop_tasks_alarm_late(
+        lp, autojump_clock, seed: int) -> None:
+    """A poller's pass recomputes the loop task's alarm only when
+    `timers.maybe_earlier` says its turn could have made an earlier timer:
+    after each pass of random puts (some delayed), reserves (TTRs of 1 to 30
+    s), deletes and releases, the alarm is never later than the next
+    deadline computed in full, and the loop task sleeps through the run."""
+    rng = random.Random(seed)
+    got: list[bytes] = []
+    s = lp.open_session(lambda blob, done, close: got.append(blob), None, "local")
+    await trio.sleep(1)
+    checked = 0
+    for _ in range(200):
+        cmds: list = []
+        for _ in range(rng.randint(1, 3)):
+            k = rng.random()
+            ids = sorted(lp.state.jobs)
+            if k < 0.35 or not ids:
+                cmds.append(p.Put(0, rng.choice([0, 0, 1, 3, 7]), rng.choice([1, 2, 5, 30]), b"x"))
+            elif k < 0.65:
+                cmds.append(p.Reserve(0))
+            elif k < 0.85:
+                cmds.append(p.Delete(rng.choice(ids)))
+            else:
+                cmds.append(p.Release(rng.choice(ids), 0, rng.choice([0, 2])))
+        lp.begin_batch()
+        lp.submit(s, cmds)
+        await lp.end_batch()
+        wait = timers.seconds_to_next_deadline(lp)
+        if wait is not None and lp._sleep is not None and not lp._turning:
+            assert lp._sleep.deadline <= trio.current_time() + wait + 1e-6
+            checked += 1
+        await trio.sleep(rng.choice([0, 0, 0.4, 1.3]))
+    assert checked > 50
 
 
 async def test_a_poller_turn_that_makes_a_timer_moves_the_loop_tasks_alarm(

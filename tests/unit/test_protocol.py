@@ -288,3 +288,19 @@ def test_protocol_exports_every_public_name_of_its_parts() -> None:
             if getattr(value, "__module__", mod.__name__) != mod.__name__:
                 continue  # imported from elsewhere
             assert getattr(p, name) is value, f"protocol.{name} (from {mod.__name__})"
+
+
+@given(st.lists(st.binary(max_size=120) | _put_lines | st.sampled_from(
+    [b"\r\n", b"put 0 0 1 3\r\nabc\r\n", b"put 0 0 1 70000\r\n", b"reserve\r\n", b"delete 7\r\n",
+     b"use ", b"\r"]), max_size=30), st.integers(1, 64))
+@settings(max_examples=300)
+def test_take_is_feed_then_events_then_buffered(pieces: list, chunk: int) -> None:
+    """`take`, the connection's one call per read, answers exactly what the
+    three calls it replaces do, read after read (oversized bodies skipped
+    included)."""
+    data = b"".join(pieces)
+    one, three = p.Parser(64), p.Parser(64)
+    for i in range(0, len(data), chunk):
+        events, held = one.take(data[i:i + chunk])
+        three.feed(data[i:i + chunk])
+        assert (events, held) == (three.events(), three.buffered())

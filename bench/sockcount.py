@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Instructions per put over real sockets: smallstalk against the floor, under callgrind.
+
+    .venv/bin/python bench/sockcount.py --conns 1,10 --ops 1000
+    .venv/bin/python bench/sockcount.py --source /tmp/base --source /tmp/new
+
+Each server (bench/floor.py, and smallstalk in memory mode from this checkout
+or from each `--source DIR`'s `smallstalk/`) runs whole under
+`valgrind --tool=callgrind` on loopback, and bench/loadgen.py (one process,
+outside valgrind) sends it `--ops` puts, request/response, at each
+connection count; a second run sends three times as many. The difference of
+the two runs' instructions over the difference of their puts is the
+server's user-space instructions per put: start-up, imports and shutdown
+cancel out. The kernel's work is not counted (valgrind sees only user
+space), for either server.
+
+Under valgrind the server is the slow side by far, so at 10 connections each
+wake-up finds every connection's next put: the saturated shape, for both
+servers alike. Neighbours on the machine change how long this takes, not
+the counts. Minutes per point: run it on a quiet moment or with few points.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import loadgen  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_up(port: int, proc: subprocess.Popen, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode} before answering")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+                s.sendall(b"stats\r\n")
+                if s.recv(100).startswith(b"OK"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit("server did not answer `stats` in time")
+
+
+def instructions(kind: str, source: str | None, conns: int, ops: int, tmp: Path) -> int:
+    """The server's total instructions for one run of `ops` puts at `conns`."""
+    port = _free_port()
+    out = tmp / f"callgrind.{kind}.{conns}.{ops}.out"
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    cwd = None
+    if kind == "floor":
+        cmd = [sys.executable, str(HERE / "floor.py"), "-l", "127.0.0.1", "-p", str(port)]
+    else:
+        cmd = [sys.executable, "-m", "smallstalk", "serve", "-l", "127.0.0.1", "-p", str(port)]
+        if source is not None:
+            cwd = str(Path(source).resolve())  # first on sys.path for -m
+    proc = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                             *cmd], env=env, cwd=cwd, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        _wait_up(port, proc)
+        res = loadgen.run(port, "put", conns, duration=3600, procs=1, max_ops=ops)
+        if res["ops"] < ops:
+            raise SystemExit(f"{kind}: {res['ops']} of {ops} puts answered")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            proc.wait(timeout=60)
+    for line in out.read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise SystemExit(f"no totals in {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--conns", default="1,10")
+    ap.add_argument("--ops", type=int, default=1000, help="puts of the shorter run (x3 the other)")
+    ap.add_argument("--source", action="append", metavar="DIR",
+                    help="a directory holding a smallstalk/ package (default: this checkout)")
+    a = ap.parse_args(argv)
+    if shutil.which("valgrind") is None:
+        raise SystemExit("needs valgrind (apt-get install -y valgrind)")
+    servers = [("floor", None)] + [("smallstalk", s) for s in (a.source or [None])]
+    tmp = Path(tempfile.mkdtemp(prefix="smallstalk-sockcount-"))
+    rows = []
+    try:
+        for conns in (int(c) for c in a.conns.split(",")):
+            floor = None
+            for kind, src in servers:
+                lo = instructions(kind, src, conns, a.ops, tmp)
+                hi = instructions(kind, src, conns, 3 * a.ops, tmp)
+                per_put = (hi - lo) / (2 * a.ops)
+                floor = per_put if kind == "floor" else floor
+                name = kind if src is None else f"{kind} {src}"
+                rows.append(f"| {conns} | {name} | {per_put:,.0f} | "
+                            f"{per_put / floor:.2f}× |")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("### User-space instructions per put over loopback, under callgrind "
+          f"({a.ops} and {3 * a.ops} puts)\n\n| connections | server | instructions/put | "
+          "/ floor |\n|---:|---|---:|---:|\n" + "\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
