@@ -1,12 +1,12 @@
 """search-jobs and bulk-jobs on the mutation loop: each search runs in slices,
 one slice of one search per loop turn, and is answered when it is done.
 
-A search that its first slice finishes is answered at once, like any
-command. Otherwise its session waits, running nothing else (as a failed
-`auth` does: `Session.deferred`), while the loop takes one slice of the
-running searches per turn, in turn order, between the turns that serve
-everyone else; so a search over a million jobs costs the other clients at
-most one slice per turn (core/search.py bounds a slice). At most
+A search's session waits, running nothing else (as a failed `auth` does:
+`Session.deferred`), while the loop takes one slice of one running search
+per turn (round robin, the first in the turn that started it), between the
+turns that serve everyone else; so a search over a million jobs costs the
+other clients at most one slice per turn (core/search.py bounds a slice),
+however many searches run. At most
 `MAX_SEARCHES` run at once, and a connection that closes drops its own.
 
 A bulk action changes the jobs each slice matched before the next slice
@@ -80,8 +80,8 @@ class Searches:
         return bool(self.running)
 
     def start(self, lp: Loop, s: Session, cmd: p.SearchJobs | p.BulkJobs) -> bytes | None:
-        """Run a search's first slice: its reply if that finished it, else
-        None (the session waits; `run` goes on with it in later turns)."""
+        """A refusal, or None: the search is set up and its session waits
+        (`run` takes its slices, the first in this same turn)."""
         bulk = type(cmd) is p.BulkJobs
         if bulk:
             if cmd.state not in ACTION_STATES[cmd.action]:
@@ -99,11 +99,7 @@ class Searches:
                         0 if bulk else cmd.after, max(st.next_job_id, 1))
         except SearchError as e:
             return p.bad_search(str(e))
-        search = Search(s, scan, cmd)
-        reply = self._slice(lp, search)
-        if reply is not None:
-            return reply
-        self.running[s.id] = search
+        self.running[s.id] = Search(s, scan, cmd)
         self._order.append(s.id)
         s.blocked = s.deferred = True
         return None
