@@ -174,7 +174,7 @@ async def test_a_closed_connection_frees_its_search_and_searches_are_bounded(
         lp, autojump_clock) -> None:
     c = Client(lp)
     await c.ask(b"use t\r\n")
-    for i in range(4 * core_search.SLICE_PROBES):
+    for _ in range(4 * core_search.SLICE_PROBES):
         c.send(b"put 0 0 60 4\r\nbody\r\n")
     await c.recv()
     big = search("t", "ready", "regex", b"nothing")
