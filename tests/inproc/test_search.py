@@ -13,6 +13,7 @@ import trio
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core import search as core_search
+from smallstalk.ops.job_history import job_history
 from smallstalk.server import search as server_search
 
 from ..support.harness import Client, make_loop
@@ -268,6 +269,9 @@ async def test_bulk_kick_delete_move_replay_and_replica(nursery, tmp_path,
     assert [(f.tube, f.ids) for f in flushes] == [("t", (1, 2))]
     moves = records_of(tmp_path, r.Move)
     assert len(moves) == n + 1 and {m.tube for m in moves} == {"v"}
+    steps = job_history(tmp_path, 1).steps
+    assert steps[-1].text == f"deleted by conn {c.id}'s flush-tube or bulk-jobs delete in t " \
+        "(with 1 other job)"
     st.check()
     await settle()
     assert_replays(lp, tmp_path)
