@@ -289,3 +289,25 @@ async def test_search_runs_on_a_replica_and_bulk_actions_do_not(autojump_clock,
     assert await c.ask(bulk("t", "ready", "substr", b"a", "count")) == p.counted(1)
     assert await c.ask(bulk("t", "ready", "substr", b"a", "delete")) == p.READ_ONLY
     assert 1 in lp.state.jobs
+
+
+async def test_bodies_on_disk_are_read_back_and_searched(nursery, tmp_path,
+                                                         autojump_clock) -> None:
+    from .test_readbehind import make_loop as make_readbehind_loop
+
+    lp = make_readbehind_loop(tmp_path, max_memory=4096)
+    nursery.start_soon(lp.run)
+    c = Client(lp)
+    await c.ask(b"use t\r\n")
+    for i in range(40):
+        body = (b"needle %d " % i if i % 10 == 3 else b"hay %d " % i) + b"x" * 1000
+        assert (await c.ask(b"put 0 0 60 %d\r\n%s\r\n" % (len(body), body))).startswith(
+            b"INSERTED")
+    await settle()
+    spilled = [j.id for j in lp.state.jobs.values() if isinstance(j.body, int)]
+    assert len(spilled) > 30  # most bodies live on disk only
+    assert ids(await c.ask(search("t", "ready", "substr", b"needle"))) == [4, 14, 24, 34]
+    assert ids(await c.ask(search("t", "ready", "regex", rb"^needle \d3 "))) == [14, 24, 34]
+    assert await c.ask(bulk("t", "ready", "substr", b"needle", "delete")) == p.acted(4)
+    lp.state.check()
+    assert_replays(lp, tmp_path)
