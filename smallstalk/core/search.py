@@ -148,7 +148,8 @@ class Scan:
             jid = k.live.get(pattern.decode("ascii", "replace")) if k is not None else None
             self.ids = [jid] if jid is not None and jid > after else []
             return
-        self.match = matcher(how, pattern)
+        # An empty substring matches every body: none is read (nor read back from disk).
+        self.match = matcher(how, pattern) if pattern or how != "substr" else None
         if t is None:
             self.ids = []
         else:
