@@ -3,7 +3,8 @@ one slice of one search per loop turn, and is answered when it is done.
 
 A search's session waits, running nothing else (as a failed `auth` does:
 `Session.deferred`), while the loop takes one slice of one running search
-per turn (round robin, the first in the turn that started it), between the
+per turn (round robin; a search started while none runs gets its first
+slice in the turn that started it), between the
 turns that serve everyone else; so a search over a million jobs costs the
 other clients at most one slice per turn (core/search.py bounds a slice),
 however many searches run. At most
