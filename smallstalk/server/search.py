@@ -4,11 +4,11 @@ one slice of one search per loop turn, and is answered when it is done.
 A search's session waits, running nothing else (as a failed `auth` does:
 `Session.deferred`), while the loop takes one slice of one running search
 per turn (round robin; a search started while none runs gets its first
-slice in the turn that started it), between the
-turns that serve everyone else; so a search over a million jobs costs the
-other clients at most one slice per turn (core/search.py bounds a slice),
-however many searches run. At most
-`MAX_SEARCHES` run at once, and a connection that closes drops its own.
+slice in the turn that started it), between the turns that serve everyone
+else; so a search over a million jobs costs the other clients at most one
+slice per turn (core/search.py bounds a slice), however many searches run.
+At most `MAX_SEARCHES` run at once, and a connection that closes drops its
+own.
 
 A bulk action changes the jobs each slice matched before the next slice
 runs, as records the loop logs like any command's: `Kick` (one per slice),
