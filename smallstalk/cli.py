@@ -60,6 +60,8 @@ Commands:
   replay        rebuild the state as it was at a sequence number or time
   job-history   the whole life of one job as a timeline
   explain       explain HOST:PORT ID: why a job is (or is not) handed out now
+  search        search HOST:PORT TUBE PATTERN: find jobs by body or key;
+                count, then kick, delete or move them
   analyze       job analytics over AOF archives on Spark (smallstalk[analytics])
   worker        run tasks from tubes (smallstalk.worker)
   help          this text
@@ -75,6 +77,7 @@ TOOL_COMMANDS = {
     "replay": "smallstalk.ops.replay:main",
     "job-history": "smallstalk.ops.job_history:main",
     "explain": "smallstalk.ops.explain:main",
+    "search": "smallstalk.ops.search:main",
     "analyze": "smallstalk.analytics:main",
     "worker": "smallstalk.worker:main",
     "config": "smallstalk.ops.config_dump:main",

@@ -44,6 +44,7 @@ from smallstalk.client.async_ import AsyncClient
 from smallstalk.client.core import DEFAULT_PRIORITY, DEFAULT_TTR, JobLike
 from smallstalk.client.errors import (
     BadFormat,
+    BadSearch,
     BeanstalkError,
     Buried,
     CommandError,
@@ -84,7 +85,7 @@ from smallstalk.client.sync import Client
 
 __all__ = [
     "DEFAULT_PORT", "DEFAULT_PRIORITY", "DEFAULT_SERVER", "DEFAULT_TTR", "REPLY_LINE_MAX",
-    "SERVERS_ENV", "TOKEN_ENV", "AsyncClient", "BadFormat", "BeanstalkError", "Buried", "Client",
+    "SERVERS_ENV", "TOKEN_ENV", "AsyncClient", "BadFormat", "BadSearch", "BeanstalkError", "Buried", "Client",
     "CommandError", "ConnectionFailed", "DeadlineSoon", "Draining", "ExpectedCRLF", "Explanation",
     "InternalError", "Job", "JobLike", "JobRef", "JobStats", "JobTooBig", "NotAReplica",
     "NotConnected", "NotFound", "NotIgnored", "NotReloaded", "NotReplicated", "ReadOnly",

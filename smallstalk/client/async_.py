@@ -293,6 +293,20 @@ class AsyncClient:
                         count: int = 100, *, server: str | None = None) -> list[int]:
         return await self._run(self._core.list_jobs(tube, state, after, count, server))
 
+    async def search_jobs(self, tube: str, pattern: bytes | str, *, state: str = "ready",
+                          how: str = "substr", after: int = 0, count: int = 100,
+                          server: str | None = None) -> list[int]:
+        """As `Client.search_jobs`."""
+        return await self._run(self._core.search_jobs(tube, pattern, state, how, after, count,
+                                                      server))
+
+    async def bulk_jobs(self, tube: str, pattern: bytes | str, action: str, *,
+                        state: str = "ready", how: str = "substr", to: str | None = None,
+                        max: int = 2**32 - 1, server: str | None = None) -> int:
+        """As `Client.bulk_jobs`."""
+        return await self._run(self._core.bulk_jobs(tube, pattern, action, state, how, to,
+                                                    max, server))
+
     async def flush_tube(self, tube: str, *, server: str | None = None) -> int:
         return await self._run(self._core.flush_tube(tube, server))
 

@@ -49,6 +49,25 @@ def _check_uint(value: int, what: str, limit: int = p.U32_MAX) -> int:
     return value
 
 
+def _check_state(state: str) -> str:
+    if state not in p.LIST_JOBS_STATES:
+        raise ValueError(f"state must be one of {', '.join(p.LIST_JOBS_STATES)}")
+    return state
+
+
+def _check_how(how: str) -> str:
+    if how not in p.HOWS:
+        raise ValueError(f"a search is one of {', '.join(p.HOWS)}, not {how!r}")
+    return how
+
+
+def _check_pattern(pattern: bytes | str) -> bytes:
+    data = pattern.encode("utf-8") if isinstance(pattern, str) else bytes(pattern)
+    if len(data) > p.PATTERN_MAX:
+        raise ValueError(f"a pattern is at most {p.PATTERN_MAX} bytes")
+    return data
+
+
 def _check_key(key: str) -> str:
     if not isinstance(key, str) or not p.valid_key(key.encode("ascii", "replace")):
         raise ValueError(f"an idempotency key is 1 to {p.KEY_MAX} letters, digits or "
@@ -558,6 +577,25 @@ class _Core:
         cmd = p.ListJobs(_check_tube(tube), state, _check_uint(after, "after", p.U64_MAX),
                          _check_uint(count, "count"))
         return (yield from self.one(self._one_server(server), cmd))
+
+    def search_jobs(self, tube: str, pattern: bytes | str, state: str, how: str, after: int,
+                    count: int, server: str | None) -> _Op[list[int]]:
+        cmd = p.SearchJobs(_check_tube(tube), _check_state(state), _check_how(how),
+                           _check_uint(after, "after", p.U64_MAX), _check_uint(count, "count"),
+                           _check_pattern(pattern))
+        # A search over many jobs runs in slices: its answer has no time bound.
+        return (yield from self.one(self._one_server(server), cmd, None))
+
+    def bulk_jobs(self, tube: str, pattern: bytes | str, action: str, state: str, how: str,
+                  to: str | None, bound: int, server: str | None) -> _Op[int]:
+        if action not in p.ACTIONS:
+            raise ValueError(f"action must be one of {', '.join(p.ACTIONS)}")
+        if (action == "move") != (to is not None):
+            raise ValueError("a move names the tube it moves to (to=...), nothing else does")
+        cmd = p.BulkJobs(_check_tube(tube), _check_state(state), _check_how(how), action,
+                         "" if to is None else _check_tube(to), _check_uint(bound, "max"),
+                         _check_pattern(pattern))
+        return (yield from self.one(self._one_server(server), cmd, None))
 
     def flush_tube(self, tube: str, server: str | None) -> _Op[int]:
         return (yield from self.one(self._one_server(server), p.FlushTube(_check_tube(tube))))

@@ -145,10 +145,17 @@ class NotReplicated(CommandError):
     reply = word_of(p.NOT_REPLICATED)
 
 
+class BadSearch(CommandError):
+    """`search-jobs` or `bulk-jobs` cannot run (the text says why: a bad
+    pattern, a state the action does not take, too many searches running)."""
+
+    reply = word_of(p.bad_search("x"))
+
+
 ERRORS: dict[bytes, type[CommandError]] = {
     cls.reply: cls
     for cls in (OutOfMemory, InternalError, BadFormat, UnknownCommand, ExpectedCRLF, JobTooBig,
                 Draining, NotFound, NotIgnored, TimedOut, DeadlineSoon, Buried, Unauthorized,
-                NotAReplica, NotReloaded, ReadOnly, NotReplicated)
+                NotAReplica, NotReloaded, ReadOnly, NotReplicated, BadSearch)
 }
 

@@ -339,6 +339,8 @@ def _name_arg(reply: Reply) -> str:
     return reply.args[0].decode("ascii", "replace")
 
 
+_COUNTED = word_of(p.counted(0))
+
 # Success reply of each command: (word, how to build the result).
 _SUCCESS: dict[type, tuple[bytes, Any]] = {
     p.Put: (_INSERTED, lambda r, s: JobRef(_int_arg(r), s)),
@@ -371,6 +373,8 @@ _SUCCESS: dict[type, tuple[bytes, Any]] = {
     p.Auth: (_OK, None),
     p.ListJobs: (_OK, lambda r, s: [int(i) for i in _yaml_list(_ok_body(r))]),
     p.FlushTube: (word_of(p.flushed(0)), lambda r, s: _int_arg(r)),
+    p.SearchJobs: (_OK, lambda r, s: [int(i) for i in _yaml_list(_ok_body(r))]),
+    p.BulkJobs: (word_of(p.acted(0)), lambda r, s: _int_arg(r)),  # or COUNTED (interpret)
     # The admin commands (smallstalk only; a token or a trusted address).
     p.PromoteReplica: (p.PROMOTED_WORD, lambda r, s: _int_arg(r)),
     p.ConfigDump: (_OK, lambda r, s: _ok_body(r).decode("utf-8", "replace")),
@@ -384,7 +388,8 @@ _SUCCESS: dict[type, tuple[bytes, Any]] = {
 def interpret(cmd: p.Command, reply: Reply, server: str = "") -> Any:
     """The result of `cmd` given its reply, or the error reply raised as an exception."""
     word, build = _SUCCESS[type(cmd)]
-    if reply.word == word or (reply.word == _DUPLICATE and type(cmd) is p.PutUnique):
+    if reply.word == word or (reply.word == _DUPLICATE and type(cmd) is p.PutUnique) or (
+            reply.word == _COUNTED and type(cmd) is p.BulkJobs):
         return None if build is None else build(reply, server)
     error = ERRORS.get(reply.word)
     if error is Buried:

@@ -342,6 +342,24 @@ class Client:
         (smallstalk only; at most 1000 per call)."""
         return self._run(self._core.list_jobs(tube, state, after, count, server))
 
+    def search_jobs(self, tube: str, pattern: bytes | str, *, state: str = "ready",
+                    how: str = "substr", after: int = 0, count: int = 100,
+                    server: str | None = None) -> list[int]:
+        """Ids of a tube's jobs in `state` whose body holds `pattern` (`how`:
+        substr), matches it (regex, RE2 syntax) or whose idempotency key it is
+        (key), ascending, after job `after` (smallstalk only, admin; at most
+        1000 per call). A search over many jobs takes as long as it takes."""
+        return self._run(self._core.search_jobs(tube, pattern, state, how, after, count, server))
+
+    def bulk_jobs(self, tube: str, pattern: bytes | str, action: str, *, state: str = "ready",
+                  how: str = "substr", to: str | None = None, max: int = 2**32 - 1,
+                  server: str | None = None) -> int:
+        """Count, kick, delete or move (`to` a tube) up to `max` of the jobs
+        `search_jobs` would find; how many (smallstalk only, admin). Count
+        first, then act with that count as `max`."""
+        return self._run(self._core.bulk_jobs(tube, pattern, action, state, how, to, max,
+                                              server))
+
     def flush_tube(self, tube: str, *, server: str | None = None) -> int:
         """Delete a tube's ready, delayed and buried jobs; how many (smallstalk only)."""
         return self._run(self._core.flush_tube(tube, server))

@@ -36,7 +36,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from smallstalk import __version__ as VERSION
-from smallstalk.client.replies import ReplyReader
+from smallstalk.client.errors import CommandError
+from smallstalk.client.replies import ReplyReader, interpret
 from smallstalk.config import ServeConfig
 from smallstalk.console import ha, replay_procs, views
 from smallstalk.console.guard import Guard
@@ -56,6 +57,9 @@ SAMPLES = int(3600 / SAMPLE_SECONDS)  # an hour of rates, in memory
 TUBES_PER_PAGE = 100
 JOBS_PER_PAGE = 50
 BODY_SHOWN = 64 * 1024
+# How long a search or a bulk action may take (it runs in slices between
+# everyone else's commands: a million jobs take seconds, docs/PERFORMANCE.md).
+SEARCH_WAIT = 300.0
 TUBE_SORTS = ("name", "current-jobs-ready", "current-jobs-reserved", "current-jobs-delayed",
               "current-jobs-buried", "current-waiting", "next-ready-age", "puts-per-second",
               "total-jobs")
@@ -125,21 +129,38 @@ class Console:
 
     # --- writes: protocol commands on a session of their own ----------------------
 
-    async def command(self, commands: list[p.Command]) -> list[str]:
+    async def command(self, commands: list[p.Command], wait: float = 30) -> list[str]:
         """Run protocol commands as a client would, on an in-process session of
         their own; each reply's line."""
+        return [b" ".join((reply.word, *reply.args)).decode("ascii", "replace")
+                for reply in await self._ask(commands, wait)]
+
+    async def _ask(self, commands: list[p.Command], wait: float) -> list:
         session = LocalSession(self.lp)
         try:
-            with trio.fail_after(30):
+            with trio.fail_after(wait):
                 data = await session.ask(commands)
         finally:
             session.close()
         reader = ReplyReader()
         reader.feed(data)
-        lines = []
+        replies = []
         while (reply := reader.next_reply()) is not None:
-            lines.append(b" ".join((reply.word, *reply.args)).decode("ascii", "replace"))
-        return lines
+            replies.append(reply)
+        return replies
+
+    async def search(self, tube: str, state: str, how: str, pattern: bytes,
+                     after: int) -> dict[str, Any]:
+        """A page of `search-jobs` and how many match in all (`bulk-jobs ... count`),
+        or the error that answered them."""
+        cmds = [p.SearchJobs(tube, state, how, after, JOBS_PER_PAGE, pattern),
+                p.BulkJobs(tube, state, how, "count", "", p.U32_MAX, pattern)]
+        try:
+            ids, count = (interpret(cmd, reply) for cmd, reply in
+                          zip(cmds, await self._ask(cmds, SEARCH_WAIT), strict=True))
+        except CommandError as e:
+            return {"error": e.reply_line(), "ids": [], "count": 0}
+        return {"error": "", "ids": ids, "count": count}
 
 
 def fmt_seconds(s: float | int | None) -> str:
@@ -163,7 +184,8 @@ def _int(text: str | None, default: int = 0) -> int:
 
 
 def _redirect(path: str, msg: str) -> RedirectResponse:
-    return RedirectResponse(f"{path}?{urlencode({'msg': msg})}", status_code=303)
+    sep = "&" if "?" in path else "?"
+    return RedirectResponse(f"{path}{sep}{urlencode({'msg': msg})}", status_code=303)
 
 
 def routes(c: Console) -> list:
@@ -215,10 +237,21 @@ def routes(c: Console) -> list:
             return c.page(request, "missing.html", what=f"tube {name}",
                           why="it does not exist (a tube exists while it holds jobs or a "
                               "client uses or watches it)")
-        jobs = await lp.call(views.tube_jobs, lp, name, state, after, JOBS_PER_PAGE)
+        how = q.get("how", "")
+        found = None
+        if how in p.HOWS:  # the search form: its matches instead of the listing
+            pattern = q.get("q", "").encode("utf-8")[:p.PATTERN_MAX + 1]
+            found = await c.search(name, state, how, pattern, after)
+            jobs = await lp.call(views.job_rows, lp, found["ids"])
+            more = len(found["ids"]) == JOBS_PER_PAGE
+        else:
+            jobs = await lp.call(views.tube_jobs, lp, name, state, after, JOBS_PER_PAGE)
+            more = len(jobs) == JOBS_PER_PAGE
         return c.page(request, "tube.html", t=rows[0], name=name, state=state, jobs=jobs,
-                      after=after, states=list(STATE_NAMES),
-                      next_after=jobs[-1]["id"] if len(jobs) == JOBS_PER_PAGE else None)
+                      after=after, states=list(STATE_NAMES), how=how, q=q.get("q", ""),
+                      found=found, hows=p.HOWS, actions=BULK_STATES,
+                      next_after=(found["ids"][-1] if found else jobs[-1]["id"])
+                      if more else None)
 
     async def job(request: Request) -> Response:
         jid = _int(request.path_params["id"])
@@ -279,7 +312,7 @@ def routes(c: Console) -> list:
         commands, path = _action_commands(what, target, form)
         if commands is None:
             return HTMLResponse("unknown action", status_code=404)
-        answer = " / ".join(await c.command(commands))
+        answer = " / ".join(await c.command(commands, SEARCH_WAIT if what == "bulk" else 30))
         log.info("console %s %s from %s: %s", what, target,
                  request.client.host if request.client else "?", answer)
         return _redirect(path or back.split("?")[0], f"{what} {target}: {answer}")
@@ -315,10 +348,32 @@ def _action_commands(what: str, target: str, form) -> tuple[list[p.Command] | No
         if what == "pause":
             return [p.PauseTube(target, min(_int(form.get("seconds"), 60), p.U32_MAX))], page
         return [p.FlushTube(target)], page
+    if what == "bulk":
+        return _bulk_command(target, form)
     if what in ("kick-job", "delete-job") and target.isdigit() and int(target) <= p.U64_MAX:
         jid = int(target)
         return [p.KickJob(jid) if what == "kick-job" else p.Delete(jid)], f"/job/{target}"
     return None, None
+
+
+# The bulk actions of the search form, and the states each takes.
+BULK_STATES = {"kick": ("buried", "delayed"), "delete": ("ready", "delayed", "buried"),
+               "move": ("ready", "delayed", "buried")}
+
+
+def _bulk_command(tube: str, form) -> tuple[list[p.Command] | None, str | None]:
+    """The search form's bulk action: `bulk-jobs` on at most `max` jobs, the
+    count the page showed (count, then confirm)."""
+    state, how, action = form.get("state"), form.get("how"), form.get("action")
+    to = form.get("to", "") if action == "move" else ""
+    if (not valid_tube_name(tube.encode()) or state not in STATE_NAMES or how not in p.HOWS
+            or action not in BULK_STATES or (action == "move" and not valid_tube_name(
+                str(to).encode()))):
+        return None, None
+    pattern = str(form.get("q", "")).encode("utf-8")
+    bound = min(_int(form.get("max")), p.U32_MAX)
+    back = f"/tube/{quote(tube)}?{urlencode({'state': state, 'how': how, 'q': form.get('q', '')})}"
+    return [p.BulkJobs(tube, state, how, action, str(to), bound, pattern)], back
 
 
 def rate_chart(rates: list[dict[str, float]], width: int = 720, height: int = 160) -> dict:

@@ -78,6 +78,12 @@ def tube_jobs(lp: MutationLoop, tube: str, state: str, after: int,
     return [_job_row(lp, st.jobs[i], now) for i in ids]
 
 
+def job_rows(lp: MutationLoop, ids: list[int]) -> list[dict[str, Any]]:
+    """The rows of the jobs `ids` that still exist (a search's page)."""
+    st, now = lp.state, lp.now
+    return [_job_row(lp, st.jobs[i], now) for i in ids[:PAGE_MAX] if i in st.jobs]
+
+
 def job(lp: MutationLoop, jid: int, body_limit: int) -> dict[str, Any] | None:
     """`stats-job`, and the body (up to `body_limit` bytes; read back if on disk)."""
     st = lp.state

@@ -263,6 +263,35 @@ class MoveJob:
 
 
 @command
+class SearchJobs:
+    """`search-jobs <tube> <state> <how> <after-id> <count> <bytes>` and the
+    pattern as a body: ids of the tube's jobs in the state whose body (or
+    key) matches, ascending, after `after` (core/search.py)."""
+
+    tube: str
+    state: str  # ready, delayed, reserved or buried
+    how: str  # substr, regex or key
+    after: int
+    count: int
+    pattern: bytes = b""
+
+
+@command
+class BulkJobs:
+    """`bulk-jobs <tube> <state> <how> <action> <target> <max> <bytes>` and the
+    pattern as a body: count, kick, delete or move (to `target`) up to `max`
+    jobs a search matches."""
+
+    tube: str
+    state: str
+    how: str
+    action: str  # count, kick, delete or move
+    target: str  # the tube a move goes to ("" for the others)
+    max: int
+    pattern: bytes = b""
+
+
+@command
 class ErrorReply:
     """Malformed input: answer `reply` and go on with the next command.
 
@@ -280,7 +309,7 @@ Command = (
     | ListTubes | ListTubeUsed | ListTubesWatched | PauseTube | Quit | Replicate | ReplicaAck
     | PromoteReplica | DeleteTube | ConfigDump | ReloadConfig | Auth | ListJobs | FlushTube
     | ExtStats | ExtStatsTube | PutUnique | ExplainJob | ReserveBatch
-    | MoveJob
+    | MoveJob | SearchJobs | BulkJobs
 )
 Event = Command | ErrorReply
 
@@ -343,6 +372,14 @@ def render(cmd: Command) -> bytes:
         return b"reserve-batch %d %d\r\n" % (cmd.count, cmd.timeout)
     if t is ExtStatsTube:
         return b"ext-stats-tube %s\r\n" % cmd.tube.encode()
+    if t is SearchJobs:
+        return b"search-jobs %s %s %s %d %d %d\r\n%s\r\n" % (
+            cmd.tube.encode(), cmd.state.encode(), cmd.how.encode(), cmd.after, cmd.count,
+            len(cmd.pattern), cmd.pattern)
+    if t is BulkJobs:
+        return b"bulk-jobs %s %s %s %s %s %d %d\r\n%s\r\n" % (
+            cmd.tube.encode(), cmd.state.encode(), cmd.how.encode(), cmd.action.encode(),
+            (cmd.target or "-").encode(), cmd.max, len(cmd.pattern), cmd.pattern)
     name = _NAMES[t]
     if t in _ID_COMMANDS:
         return b"%s %d\r\n" % (name, cmd.id)

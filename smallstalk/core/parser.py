@@ -50,6 +50,7 @@ from smallstalk.core.commands import (
     RESERVE_BATCH_MAX,
     STATS,
     Auth,
+    BulkJobs,
     Bury,
     Command,
     Delete,
@@ -74,13 +75,21 @@ from smallstalk.core.commands import (
     Reserve,
     ReserveBatch,
     ReserveJob,
+    SearchJobs,
     StatsJob,
     StatsTube,
     Touch,
     Use,
     Watch,
 )
-from smallstalk.core.replies import BAD_FORMAT, EXPECTED_CRLF, JOB_TOO_BIG, UNKNOWN_COMMAND
+from smallstalk.core.replies import (
+    BAD_FORMAT,
+    EXPECTED_CRLF,
+    JOB_TOO_BIG,
+    UNKNOWN_COMMAND,
+    bad_search,
+)
+from smallstalk.core.search import ACTIONS, HOWS, PATTERN_MAX, SEARCH_PAGE_MAX
 
 LINE_MAX = 224  # bytes, including CRLF (beanstalkd's LINE_BUF_SIZE)
 # `put-unique <key> <pri> <delay> <ttr> <bytes>`: a 200-byte key and four
@@ -93,6 +102,10 @@ _PUT_UNIQUE_LINE = re.compile(
     rb"put-unique ([-A-Za-z0-9+/;.$_()]{1,200}) ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1,10}) "
     rb"([0-9]{1,10})\r\n")
 TUBE_NAME_MAX = 200
+# `search-jobs` and `bulk-jobs` name up to two tubes of 200 bytes: their lines
+# may be longer than beanstalkd's (no beanstalkd command starts with their names).
+_SEARCH_LINES = (b"search-jobs ", b"bulk-jobs ")
+_SEARCH_LINE_MAX = 480
 DEFAULT_MAX_JOB_SIZE = 65535
 MAX_JOB_SIZE_LIMIT = 1073741824  # beanstalkd's JOB_DATA_SIZE_LIMIT_MAX
 U32_MAX = 2**32 - 1
@@ -301,6 +314,48 @@ def valid_key(key: bytes) -> bool:
     return 0 < len(key) <= KEY_MAX and all(c in NAME_CHARS for c in key)
 
 
+def _p_search(line: bytes) -> _PutHeader | ErrorReply:
+    """`search-jobs <tube> <state> <how> <after-id> <count> <bytes>` or
+    `bulk-jobs <tube> <state> <how> <action> <target> <max> <bytes>`, the
+    pattern as a body. The byte count is read first: once it is known, the
+    body is read (or skipped, when too long) whatever else is wrong with the
+    line, so no pattern byte is ever taken for a command."""
+    head, _, size_text = line.rpartition(b" ")
+    size, _ = _read_uint(size_text, 0, U32_MAX, True)  # unreadable: BAD_FORMAT, no body
+    if size > PATTERN_MAX:
+        return _PutHeader(0, 0, 0, -size, skip_reply=ErrorReply(
+            bad_search(f"pattern longer than {PATTERN_MAX} bytes")))
+    try:
+        cmd = _search_command(head)
+    except _Bad:
+        return _PutHeader(0, 0, 0, size, make=ErrorReply(BAD_FORMAT))
+    return _PutHeader(0, 0, 0, size, make=cmd)
+
+
+def _search_command(head: bytes) -> Command:
+    word, _, rest = head.partition(b" ")
+    parts = rest.split(b" ")
+    n = 5 if word == b"search-jobs" else 6
+    if len(parts) != n or not valid_tube_name(parts[0]):
+        raise _Bad
+    tube, state, how = (x.decode("ascii", "replace") for x in parts[:3])
+    if state not in LIST_JOBS_STATES or how not in HOWS:
+        raise _Bad
+    if n == 5:
+        after, _ = _read_uint(parts[3], 0, U64_MAX, True)
+        count, _ = _read_uint(parts[4], 0, U32_MAX, True)
+        return SearchJobs(tube, state, how, after, min(count, SEARCH_PAGE_MAX))
+    action = parts[3].decode("ascii", "replace")
+    target = parts[4]
+    if action not in ACTIONS or (target != b"-" and not valid_tube_name(target)):
+        raise _Bad
+    if (action == "move") != (target != b"-"):
+        raise _Bad  # a move names its tube, nothing else does
+    bound, _ = _read_uint(parts[5], 0, U32_MAX, True)
+    return BulkJobs(tube, state, how, action, "" if target == b"-" else target.decode("ascii"),
+                    bound)
+
+
 def _p_reserve_batch(rest: bytes) -> Command:
     count, pos = _read_uint(rest, 0, RESERVE_BATCH_MAX, False)
     timeout, pos = _read_uint(rest, pos, U32_MAX, True)
@@ -353,6 +408,10 @@ class _PutHeader:
     size: int
     max_age: int = 0
     key: str = ""  # put-unique
+    # search-jobs, bulk-jobs: the command the body completes (or the error
+    # that answers it once read), and the answer to a pattern skipped unread.
+    make: object = None
+    skip_reply: ErrorReply | None = None
 
 
 _ID, _U32 = rb"([0-9]{1,18})", rb"([0-9]{1,9})"  # digits that cannot pass the bound
@@ -443,6 +502,8 @@ def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHea
             if pos >= len(line) or line[pos] != 0x20:
                 raise _Bad
             return MoveJob(jid, _tube(line[pos + 1:]))
+        if line.startswith(_SEARCH_LINES):
+            return _p_search(line)
         if line.startswith(b"ext-stats-tube "):
             return ExtStatsTube(_tube(line[len(b"ext-stats-tube "):]))
     except _BadCounted as e:
@@ -461,7 +522,7 @@ class Parser:
     `feed(data)` then `events()` returns every complete event so far, in order.
     """
 
-    __slots__ = ("_buf", "_mode", "_put", "_skip", "max_job_size", "_last")
+    __slots__ = ("_buf", "_mode", "_put", "_skip", "max_job_size", "_last", "_skip_reply")
 
     def __init__(self, max_job_size: int = DEFAULT_MAX_JOB_SIZE) -> None:
         self.max_job_size = max_job_size
@@ -469,6 +530,7 @@ class Parser:
         self._mode = _LINE
         self._put: _PutHeader | None = None
         self._skip = 0  # body bytes still to throw away in _SKIP mode
+        self._skip_reply: ErrorReply | None = None  # its answer, when not JOB_TOO_BIG
         # The last everyday put line that passed, whole, and its numbers: a
         # producer repeats it, and matching its bytes again skips the regex
         # and the int conversions (about a third of parsing a put).
@@ -555,6 +617,15 @@ class Parser:
                     if w < lim:
                         break  # wait for more bytes
                     end = -1
+                    if mode == _LINE and lim == LINE_MAX and buf.startswith(_SEARCH_LINES, pos):
+                        # Our search commands' longer line: look again in its window.
+                        w = min(n - pos, _SEARCH_LINE_MAX)
+                        end = buf.find(b"\r", pos, pos + w - 1)
+                        if end < 0 or buf[end + 1] != 0x0A:
+                            if w < _SEARCH_LINE_MAX:
+                                break
+                            end = -1
+                            lim = _SEARCH_LINE_MAX
                 if end < 0:  # a full window and no line: drop it, keep dropping
                     pos += lim
                     self._mode = _DISCARD
@@ -571,6 +642,7 @@ class Parser:
                     if ev.size < 0:
                         self._mode = _SKIP
                         self._skip = -ev.size + 2
+                        self._skip_reply = ev.skip_reply
                         self._put = None
                     else:
                         self._mode = _BODY
@@ -590,7 +662,14 @@ class Parser:
                 pos += need
                 self._mode = _LINE
                 self._put = None
-                if trailer != b"\r\n":
+                if put.make is not None:  # search-jobs, bulk-jobs
+                    if trailer != b"\r\n":
+                        out.append(ErrorReply(EXPECTED_CRLF))
+                    elif type(put.make) is ErrorReply:
+                        out.append(put.make)
+                    else:
+                        out.append(attrs.evolve(put.make, pattern=body))
+                elif trailer != b"\r\n":
                     out.append(ErrorReply(EXPECTED_CRLF, Put))
                 elif put.key:
                     out.append(PutUnique(put.key, put.pri, put.delay, put.ttr, body))
@@ -603,7 +682,8 @@ class Parser:
                 if self._skip:
                     break
                 self._mode = _LINE
-                out.append(ErrorReply(JOB_TOO_BIG, Put))
+                out.append(self._skip_reply or ErrorReply(JOB_TOO_BIG, Put))
+                self._skip_reply = None
         if pos:
             del buf[:pos]
         return out

@@ -142,6 +142,21 @@ def not_admin_address(peer: str) -> bytes:
             b"--admin-allow\r\n" % (UNAUTHORIZED_WORD, peer.encode("ascii", "replace")))
 
 
+def counted(n: int) -> bytes:
+    """`bulk-jobs ... count`: how many jobs match (up to its max)."""
+    return b"COUNTED %d\r\n" % n
+
+
+def acted(n: int) -> bytes:
+    """`bulk-jobs` kick, delete or move: how many jobs it changed."""
+    return b"ACTED %d\r\n" % n
+
+
+def bad_search(why: str) -> bytes:
+    """A search-jobs or bulk-jobs that cannot run, and why, on one line."""
+    return b"BAD_SEARCH %s\r\n" % " ".join(why.split()).encode("utf-8", "replace")
+
+
 def refused(why: bytes) -> bytes:
     """A `replicate` this server will not serve, and why."""
     return b"REFUSED %s\r\n" % why

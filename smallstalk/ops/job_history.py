@@ -178,13 +178,15 @@ class _JobTracker:
                 was = f" from {self.tube}" if self.tube else ""
                 self.tube = self.h.tube = rec.tube
                 self.step(rec, "move", self.state or "?",
-                          f"moved by conn {rec.conn}{was} to {rec.tube} (move-job)", rec.conn)
+                          f"moved by conn {rec.conn}{was} to {rec.tube} (move-job or bulk-jobs)",
+                          rec.conn)
         elif t is r.FlushTube:
             if jid in rec.ids:
                 others = len(rec.ids) - 1
                 with_others = f" (with {plural(others, 'other job')})" if others else ""
                 self.step(rec, "flush", "deleted",
-                          f"deleted by conn {rec.conn}'s flush-tube {rec.tube}{with_others}",
+                          f"deleted by conn {rec.conn}'s flush-tube or bulk-jobs delete in "
+                          f"{rec.tube}{with_others}",
                           rec.conn)
                 self.h.alive = False
         elif t is r.Disconnect:

@@ -25,6 +25,7 @@ from smallstalk.server import holdback
 from smallstalk.server import stats as server_stats
 from smallstalk.server.admin import AUTH_FAIL_DELAY, AdminPolicy, token_matches
 from smallstalk.server.policy import Policies, TubePolicy, render
+from smallstalk.server.search import Searches
 from smallstalk.server.session import Session
 from smallstalk.storage.bodies import BodyError
 
@@ -75,6 +76,8 @@ class Loop(server_stats.Observed, Protocol):
     def reload_config(self) -> str | None: ...
 
     def peer_of(self, cid: int) -> str | None: ...
+
+    searches: Searches
 
 
 def put(lp: Loop, s: Session, cmd: p.Put):
@@ -513,6 +516,14 @@ def list_jobs(lp: Loop, s: Session, cmd: p.ListJobs):
     return p.yaml_list(map(str, ids))
 
 
+def search_jobs(lp: Loop, s: Session, cmd: p.SearchJobs | p.BulkJobs):
+    """`search-jobs` and `bulk-jobs`: in slices over turns (server/search.py),
+    answered when done; the session waits meanwhile."""
+    lp.count("cmd-search-jobs" if type(cmd) is p.SearchJobs else "cmd-bulk-jobs")
+    reply = lp.searches.start(lp, s, cmd)
+    return NOREPLY if reply is None else reply
+
+
 def flush_tube(lp: Loop, s: Session, cmd: p.FlushTube):
     lp.count("cmd-flush-tube")
     st = lp.state
@@ -575,7 +586,8 @@ HANDLERS = {
     p.ConfigDump: config, p.ReloadConfig: reload_config, p.ListJobs: list_jobs,
     p.FlushTube: flush_tube, p.Auth: auth, p.ExtStats: ext_stats,
     p.ExtStatsTube: ext_stats_tube, p.PutUnique: put_unique, p.ExplainJob: explain_job,
-    p.ReserveBatch: reserve_batch, p.MoveJob: move_job,
+    p.ReserveBatch: reserve_batch, p.MoveJob: move_job, p.SearchJobs: search_jobs,
+    p.BulkJobs: search_jobs,
 }
 
 # Refused on a replica (READ_ONLY): they change the queue or need a record.
@@ -590,6 +602,7 @@ MUTATING = frozenset({
 # command added later goes here, and nowhere else.
 ADMIN = frozenset({
     p.Replicate, p.PromoteReplica, p.ReloadConfig, p.ConfigDump, p.FlushTube,
+    p.SearchJobs, p.BulkJobs,
 })
 
 

@@ -42,6 +42,7 @@ from smallstalk.server import dispatch, holdback, timers
 from smallstalk.server.admin import AdminPolicy
 from smallstalk.server.commit import GroupCommit, Unavailable
 from smallstalk.server.policy import ConfigError, Policies, load_policies
+from smallstalk.server.search import Searches
 from smallstalk.server.session import OUT_BOUND, SLICE_BYTES, SLICE_COMMANDS, Session
 from smallstalk.storage.aof import FSYNC_ALWAYS
 from smallstalk.storage.bodies import BodyError, spill_record
@@ -153,6 +154,7 @@ class MutationLoop:
         # Replies answered later by a timer (a failed `auth`): a heap of
         # (trio time due, session id, session, reply).
         self.deferred: list[tuple[float, int, Session, bytes]] = []
+        self.searches = Searches()  # search-jobs, bulk-jobs: a slice per turn (search.py)
 
     # --- the connection side (called from connection tasks) ----------------------
 
@@ -333,7 +335,7 @@ class MutationLoop:
 
     def has_leftover(self) -> bool:
         """Some session used up its slice with commands left (the next turn runs them)."""
-        return bool(self.runnable)
+        return bool(self.runnable or self.searches)
 
     @property
     def min_replica_acks(self) -> int:
@@ -512,7 +514,7 @@ class MutationLoop:
                 # its end wakes this task.
                 await self._wait_for_input(None)
                 continue
-            wait = 0 if self.runnable else timers.seconds_to_next_deadline(self)
+            wait = 0 if self.runnable or self.searches else timers.seconds_to_next_deadline(self)
             if not inbox and wait != 0:
                 await self._wait_for_input(wait)
             else:
@@ -565,7 +567,7 @@ class MutationLoop:
             await self.turn(batch)
         finally:
             self._turning = False
-            if inbox or self.runnable or self._waits_turn:
+            if inbox or self.runnable or self.searches or self._waits_turn:
                 self._wake()  # what came while the turn awaited, a slice left over
 
     async def _wait_for_input(self, wait: float | None) -> None:
@@ -630,6 +632,8 @@ class MutationLoop:
         for s in runnable.values():
             if s.id in sessions:
                 self._run(s)
+        if self.searches:
+            self.searches.run(self)
         timers.run(self)
         # Grants made possible by this turn's commands (a put for a waiter).
         if self.state.waiting_n and not self.read_only and not c.failed_until:
@@ -719,14 +723,14 @@ class MutationLoop:
         s.blocked = s.deferred = True
         heapq.heappush(self.deferred, (trio.current_time() + seconds, s.id, s, reply))
 
-    def answer_deferred(self, s: Session, reply: bytes) -> None:
-        """The time of a reply `answer_later` held came: send it."""
+    def answer_deferred(self, s: Session, reply: bytes, logged: bool = False) -> None:
+        """The time of a reply `answer_later` (or a search) held came: send it."""
         s.deferred = False
         if self.sessions.get(s.id) is not s:
             s.blocked = False
             return  # the connection closed meanwhile
         self.commit.note_seen(s)
-        self._answer(s, reply)
+        self._answer(s, reply, logged)
 
     def _close(self, s: Session) -> None:
         if self.sessions.pop(s.id, None) is None:
@@ -735,6 +739,7 @@ class MutationLoop:
             self.commit.release_acked()
         self.commit.forget(s)
         self.runnable.pop(s.id, None)
+        self.searches.drop(s.id)
         if s.blocked:
             self.volatile(r.WaitStop, s.id)
         if self.state.conn_logged(s.id) and not self.read_only:

@@ -51,7 +51,7 @@ async def test_moves_ready_delayed_and_buried_jobs(nursery, tmp_path, autojump_c
     assert [(m.id, m.tube) for m in moves] == [(1, "dst"), (2, "dst"), (3, "dst")]
     assert details(moves[0]) == "moved to tube dst"
     steps = [(s.event, s.state, s.text) for s in job_history(tmp_path, 3).steps]
-    assert steps[-2] == ("move", "buried", f"moved by conn {c.id} from src to dst (move-job)")
+    assert steps[-2] == ("move", "buried", f"moved by conn {c.id} from src to dst (move-job or bulk-jobs)")
     # The delayed job becomes ready in its new tube when its delay runs out.
     await trio.sleep(101)
     assert st.jobs[2].state == 0 and st.jobs[2].tube.name == "dst"

@@ -440,7 +440,8 @@ SMALLSTALK_ONLY = (
     b"config\r\n", b"reload-config\r\n", b"auth s3cr3t\r\n", b"ext-stats\r\n",
     b"ext-stats-tube default\r\n", b"list-jobs default ready 0 10\r\n",
     b"flush-tube default\r\n", b"put-expiring 0 0 60 5 1\r\n", b"explain-job 1\r\n",
-    b"move-job 1 other\r\n",
+    b"move-job 1 other\r\n", b"search-jobs default ready substr 0 10 1\r\n",
+    b"bulk-jobs default ready substr count - 10 1\r\n",
 )
 # ...except reserve-batch: beanstalkd reads any line that starts with `reserve`
 # as a reserve, and answers BAD_FORMAT (the name is the one its maintainers sketched).

@@ -145,6 +145,54 @@ def test_kick_a_buried_job_with_the_button(console, browser) -> None:
         assert c.stats_tube("kicks")["current-jobs-ready"] == 2
 
 
+def test_search_then_a_confirmed_bulk_move_and_delete(console, browser) -> None:
+    srv, url = console
+    with client(srv) as c:
+        c.use("searched")
+        orders = [c.put(f"order {i}") for i in range(5)]
+        c.put("invoice 1")
+    browser.get(url + "/tube/searched")
+    browser.find_element(By.ID, "search-q").send_keys("order")
+    browser.find_element(By.ID, "search").click()
+    assert text(browser, "#matches") == "5"
+    rows = [int(e.get_attribute("data-job"))
+            for e in browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr[data-job]")]
+    assert rows == orders
+    # A regular expression; a result links to its job's page.
+    browser.get(url + "/tube/searched?state=ready&how=regex&q=" + urllib.parse.quote("^order [34]$"))
+    assert text(browser, "#matches") == "2"
+    browser.find_element(By.LINK_TEXT, str(orders[3])).click()
+    assert browser.find_element(By.TAG_NAME, "h1").text.startswith(f"Job {orders[3]}")
+    browser.back()
+    # Move the two matches away: the page acts on at most the count it showed.
+    browser.find_element(By.ID, "bulk-to").send_keys("searched-done")
+    browser.find_element(By.ID, "bulk-move").click()
+    browser.switch_to.alert.accept()
+    wait_for(lambda: "ACTED" in browser.page_source, 30, "the move's answer")
+    assert text(browser, "#msg") == "bulk searched: ACTED 2"
+    assert text(browser, "#matches") == "0"
+    # Count, then a job that matches arrives, then the confirmed delete: it
+    # deletes the counted number (the lowest ids), not the newcomer.
+    browser.get(url + "/tube/searched?state=ready&how=substr&q=order")
+    assert text(browser, "#matches") == "3"
+    with client(srv) as c:
+        c.use("searched")
+        late = c.put("order late")
+    browser.find_element(By.ID, "bulk-delete").click()
+    browser.switch_to.alert.accept()
+    wait_for(lambda: "ACTED" in browser.page_source, 30, "the delete's answer")
+    assert text(browser, "#msg") == "bulk searched: ACTED 3"
+    rows = [int(e.get_attribute("data-job"))
+            for e in browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr[data-job]")]
+    assert rows == [late]
+    with client(srv) as c:
+        assert c.stats_tube("searched")["current-jobs-ready"] == 2  # the late order, the invoice
+        assert c.stats_tube("searched-done")["current-jobs-ready"] == 2
+    # A bad pattern is one line on the page.
+    browser.get(url + "/tube/searched?state=ready&how=regex&q=" + urllib.parse.quote("("))
+    assert text(browser, "#search-error").startswith("BAD_SEARCH bad regular expression")
+
+
 def test_job_timeline_after_a_release_and_a_ttr_timeout(console, browser) -> None:
     srv, url = console
     with client(srv) as c:

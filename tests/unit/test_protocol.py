@@ -165,7 +165,39 @@ commands = st.one_of(
     st.builds(p.Auth, st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E),
                               min_size=1, max_size=100)),
     st.just(p.EXT_STATS), st.builds(p.ExtStatsTube, tubes),
+    st.builds(p.SearchJobs, tubes, st.sampled_from(p.LIST_JOBS_STATES), st.sampled_from(p.HOWS),
+              ids, st.integers(0, p.SEARCH_PAGE_MAX), st.binary(max_size=p.PATTERN_MAX)),
+    st.builds(lambda tube, state, how, action, to, bound, pattern: p.BulkJobs(
+        tube, state, how, action, to if action == "move" else "", bound, pattern),
+        tubes, st.sampled_from(p.LIST_JOBS_STATES), st.sampled_from(p.HOWS),
+        st.sampled_from(p.ACTIONS), tubes, u32, st.binary(max_size=p.PATTERN_MAX)),
 )
+
+
+def test_search_commands_carry_any_pattern_and_skip_a_long_one() -> None:
+    cmd = p.SearchJobs("t", "ready", "regex", 7, 10, b"a\r\nput 0 0 1 1\r\nx\x00")
+    data = p.render(cmd)
+    assert parse_all(data) == parse_all(data, 1) == [cmd]
+    # Two 200-byte tube names: longer than beanstalkd's line, within ours.
+    bulk = p.BulkJobs("a" * 200, "buried", "substr", "move", "b" * 200, 5, b"x")
+    assert len(p.render(bulk).split(b"\r\n")[0]) > p.LINE_MAX
+    assert parse_all(p.render(bulk)) == parse_all(p.render(bulk), 1) == [bulk]
+    # A pattern past the bound is skipped unread, never parsed as commands.
+    long = b"search-jobs t ready substr 0 5 2000\r\n" + b"quit\r\n" * 333 + b"qu\r\n"
+    assert parse_all(long + b"stats\r\n", 7) == [
+        p.ErrorReply(p.bad_search(f"pattern longer than {p.PATTERN_MAX} bytes")), p.STATS]
+    # A readable byte count, anything else wrong: the body is read, BAD_FORMAT.
+    for bad in (b"search-jobs t nosuch substr 0 5 4", b"search-jobs t ready substr 0 4",
+                b"search-jobs -t ready substr 0 5 4", b"bulk-jobs t ready key kick t 5 4",
+                b"bulk-jobs t ready key move - 5 4", b"bulk-jobs t ready key nuke - 5 4",
+                b"search-jobs t ready substr x 5 4"):
+        assert parse_all(bad + b"\r\nquit\r\nstats\r\n") == [
+            p.ErrorReply(p.BAD_FORMAT), p.STATS], bad
+    # An unreadable count: BAD_FORMAT, and what follows is read as lines.
+    assert parse_all(b"search-jobs t ready substr 0 5 x\r\nstats\r\n") == [
+        p.ErrorReply(p.BAD_FORMAT), p.STATS]
+    assert parse_all(b"search-jobs t ready substr 0 5 1\r\nabc") == [
+        p.ErrorReply(p.EXPECTED_CRLF)]
 
 
 def test_put_takes_four_arguments_as_in_beanstalkd() -> None:
