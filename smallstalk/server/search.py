@@ -55,9 +55,10 @@ class Loop(Protocol):
 class Search:
     """One running search or bulk action: its session, scan and what it found."""
 
-    __slots__ = ("session", "scan", "cmd", "action", "left", "found", "acted", "logged")
+    __slots__ = ("session", "scan", "cmd", "action", "left", "found", "acted", "logged", "state")
 
-    def __init__(self, s: Session, scan: Scan, cmd: p.SearchJobs | p.BulkJobs) -> None:
+    def __init__(self, s: Session, scan: Scan, cmd: p.SearchJobs | p.BulkJobs,
+                 state: State) -> None:
         self.session = s
         self.scan = scan
         self.cmd = cmd
@@ -66,6 +67,7 @@ class Search:
         self.found: list[int] = []  # search-jobs: the page so far
         self.acted = 0  # bulk-jobs: jobs counted or changed so far
         self.logged = False  # some slice logged a record
+        self.state = state  # the loop's state the last slice saw
 
 
 class Searches:
@@ -100,7 +102,7 @@ class Searches:
                         0 if bulk else cmd.after, max(st.next_job_id, 1))
         except SearchError as e:
             return p.bad_search(str(e))
-        self.running[s.id] = Search(s, scan, cmd)
+        self.running[s.id] = Search(s, scan, cmd, st)
         self._order.append(s.id)
         s.blocked = s.deferred = True
         return None
@@ -127,6 +129,13 @@ class Searches:
 
     def _slice(self, lp: Loop, search: Search) -> bytes | None:
         """Scan one slice and act on its matches; the reply once done, else None."""
+        if lp.state is not search.state:
+            # A turn's commit failed and the loop went back to what the disk
+            # holds: records of an earlier slice may be gone with it, so
+            # `acted` would count changes that did not happen.
+            if search.logged:
+                return p.INTERNAL_ERROR
+            search.state = lp.state
         scan = search.scan
         want = search.left if search.action in ("", "count") else min(search.left, ACT_SLICE)
         ids = scan.step(lp.state, lambda j: _body(lp, j), want)

@@ -312,3 +312,38 @@ async def test_bodies_on_disk_are_read_back_and_searched(nursery, tmp_path,
     assert await c.ask(bulk("t", "ready", "substr", b"needle", "delete")) == p.acted(4)
     lp.state.check()
     assert_replays_resolved(lp, tmp_path)
+
+
+async def test_a_failed_commit_in_the_middle_of_a_bulk_action_is_no_acknowledgement(
+        nursery, tmp_path, autojump_clock, monkeypatch) -> None:
+    """A slice's records lost to a disk error must not be counted in `ACTED n`: the
+    action answers INTERNAL_ERROR, the state is what the disk holds, and running
+    it again moves the rest."""
+    lp = await started(nursery, tmp_path)
+    c = Client(lp)
+    n = server_search.ACT_SLICE + 50  # two slices of moves ...
+    for _i in range(n):
+        c.send(b"put 0 0 60 4\r\nmove\r\n")
+    for _i in range(3 * 2048):  # ... then slices that match nothing
+        c.send(b"put 0 0 60 4\r\nstay\r\n")
+    await c.recv()
+    writes = []
+    real = lp.journal.segment.write
+
+    def second_write_fails(*args):
+        writes.append(1)
+        if len(writes) == 2:  # the turn of the second slice's moves
+            raise OSError(28, "No space left on device")
+        return real(*args)
+
+    monkeypatch.setattr(lp.journal.segment, "write", second_write_fails)
+    assert await c.ask(bulk("default", "ready", "substr", b"move", "move", "v")) \
+        == p.INTERNAL_ERROR
+    monkeypatch.undo()
+    moved = [j for j in lp.state.jobs.values() if j.tube.name == "v"]
+    assert len(moved) == server_search.ACT_SLICE  # the first slice's, on disk
+    assert_replays(lp, tmp_path)
+    await trio.sleep(2)  # past the refusal after a failed commit
+    assert await c.ask(bulk("default", "ready", "substr", b"move", "move", "v")) \
+        == p.acted(n - server_search.ACT_SLICE)
+    assert_replays(lp, tmp_path)
