@@ -105,8 +105,9 @@ def _round_trips(c: Raw, cmd: bytes, n: int) -> list[float]:
 @pytest.mark.timeout(max(120, SEARCH_JOBS // 2000))
 def test_other_clients_round_trip_during_searches(server, capsys) -> None:
     """Fill a tube with pipelined puts, measure another client's round trip
-    alone, then while searches over the whole tube run back to back: the
-    searches may add at most 10 ms to its p99."""
+    alone, then while searches, bulk counts and bulk moves (10,000 jobs there
+    and back, 128 Move records a slice) over the whole tube run back to back:
+    they may add at most 10 ms to its p99."""
     with Raw(server.port, timeout=60) as filler:
         filler.call(b"use s-load\r\n")
         chunk = 2000
@@ -123,18 +124,35 @@ def test_other_clients_round_trip_during_searches(server, capsys) -> None:
         stop = threading.Event()
         searches: list[float] = []
 
+        pattern = rb"load 0*12345678 (x|y)"  # matches nothing: the whole tube is read
+        moving = b"load 00000"  # the first 10,000 jobs (or all, if fewer)
+        n_moving = min(10_000, SEARCH_JOBS)
+        # A search, a bulk count, and bulk moves there and back, over and over.
+        cycle = [
+            (b"search-jobs s-load ready regex 0 10 %d\r\n%s\r\n" % (len(pattern), pattern),
+             b"OK", b"---\n"),
+            (b"bulk-jobs s-load ready substr count - 1000000 %d\r\n%s\r\n" % (len(moving), moving),
+             b"COUNTED %d" % n_moving, None),
+            (b"bulk-jobs s-load ready substr move s-moved 1000000 %d\r\n%s\r\n"
+             % (len(moving), moving), b"ACTED %d" % n_moving, None),
+            (b"bulk-jobs s-moved ready substr move s-load 1000000 %d\r\n%s\r\n"
+             % (len(moving), moving), b"ACTED %d" % n_moving, None),
+        ]
+
         def searcher() -> None:
             with Raw(server.port, timeout=60) as s:
-                pattern = rb"load 0*12345678 (x|y)"  # matches nothing: the whole tube is read
-                cmd = b"search-jobs s-load ready regex 0 10 %d\r\n%s\r\n" % (
-                    len(pattern), pattern)
-                while not stop.is_set():
+                i = 0
+                while not stop.is_set() or i % len(cycle):
+                    cmd, status, body = cycle[i % len(cycle)]
+                    i += 1
                     searching.set()
                     t = time.perf_counter()
                     reply = s.call(cmd)
                     searches.append(time.perf_counter() - t)
                     searching.clear()
-                    assert reply.status == b"OK" and reply.body == b"---\n"
+                    line = b" ".join([reply.status, *reply.args])
+                    assert (line if body is None else reply.status) == status, reply
+                    assert body is None or reply.body == body
 
         th = threading.Thread(target=searcher)
         th.start()
@@ -142,7 +160,8 @@ def test_other_clients_round_trip_during_searches(server, capsys) -> None:
         try:
             searching.wait(10)
             deadline = time.monotonic() + max(60, SEARCH_JOBS / 5000)
-            while (len(during) < 1000 or not searches) and time.monotonic() < deadline:
+            while (len(during) < 1000 or len(searches) < len(cycle)) \
+                    and time.monotonic() < deadline:
                 t = time.perf_counter()
                 other.send(probe)
                 other.read()
