@@ -43,7 +43,7 @@ class Loop(server_stats.Observed, Protocol):
     state: State
     policies: Policies
     admin: AdminPolicy
-    replication: object | None  # loop.Replication, installed by cli.py
+    replication: object | None  # roles.Replication, installed by cli.py
     read_only: str | None
     extended_stats: bool
 
