@@ -14,6 +14,7 @@ from smallstalk import __version__
 from smallstalk.core.state import NS, State
 from smallstalk.core.stats import tube_key_stats, tube_stats_ext
 from smallstalk.server import holdback
+from smallstalk.server.search import Searches
 from smallstalk.server.session import OUT_BOUND, Session
 from smallstalk.storage.journal import Journal
 
@@ -40,6 +41,7 @@ class Observed(Protocol):
     refused: int
     now: int
     started_at: int
+    searches: Searches
 
     @property
     def min_replica_acks(self) -> int: ...
@@ -153,7 +155,9 @@ def extended_stats(lp: Observed) -> list[tuple[str, object]]:
             ("body-reads", bodies.reads if bodies is not None else 0),
             ("current-connections-throttled",
              sum(1 for x in lp.sessions.values() if x.owed > OUT_BOUND)),
-            ("connections-refused", lp.refused)]
+            ("connections-refused", lp.refused),
+            ("searches-running", len(lp.searches.running)),
+            ("search-slices", lp.searches.slices)]
     if lp.role == "replica" and lp.follower is not None:
         out += lp.follower.stats(st)
     else:

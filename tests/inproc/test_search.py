@@ -141,8 +141,13 @@ async def test_a_big_search_runs_in_bounded_slices_while_others_are_served(
     # Another session's command is answered while the search goes on.
     assert (await other.ask(b"stats-tube t\r\n")).startswith(b"OK ")
     assert searches.running
+    during = await other.ask(b"ext-stats\r\n")
+    assert b"\nsearches-running: 1\n" in during
     assert ids(await searcher.recv()) == [1, 2, 3, 4, 5]
     assert not searches.running
+    after = await other.ask(b"ext-stats\r\n")
+    assert b"\nsearches-running: 0\n" in after
+    assert b"\nsearch-slices: %d\n" % len(slices) in after
     assert len(slices) > 3  # it took several turns
     assert max(turns) == 1  # one slice per turn
     for probed, examined, nbytes in slices:
