@@ -385,6 +385,16 @@ class MutationLoop:
         self.state.apply(rec)
         return rec
 
+    def log_job(self, apply: Callable[[int, int, int, int], None], cls: type, conn: int,
+                job_id: int) -> None:
+        """`log(cls, conn, job_id)` of a Reserve or Delete; in memory, its state
+        change by `apply` (State.apply_reserve, apply_delete), no record made."""
+        if self.journal is None and not self.read_only:
+            self._seq += 1
+            apply(self._seq, self.now, conn, job_id)
+        else:
+            self.log(cls, conn, job_id)
+
     def log_put(self, conn: int, job_id: int, tube: str, pri: int, delay: int, ttr: int,
                 body: bytes) -> None:
         """`log(r.Put, ...)` for the everyday put, without making the record:
