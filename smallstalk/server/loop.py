@@ -387,13 +387,17 @@ class MutationLoop:
 
     def log_job(self, apply: Callable[[int, int, int, int], None], cls: type, conn: int,
                 job_id: int) -> None:
-        """`log(cls, conn, job_id)` of a Reserve or Delete; in memory, its state
-        change by `apply` (State.apply_reserve, apply_delete), no record made."""
+        """`log(cls, conn, job_id)` of a Reserve or Delete, no record made: its
+        state change by `apply` (State.apply_reserve, apply_delete), staged
+        by `commit.stage_job` with a journal; `log` itself where it checks."""
+        c = self.commit
         if self.journal is None and not self.read_only:
             self._seq += 1
             apply(self._seq, self.now, conn, job_id)
-        else:
+        elif self.read_only or c.failed_until or c.stale:
             self.log(cls, conn, job_id)
+        else:
+            apply(c.stage_job(cls, conn, job_id, self.now), self.now, conn, job_id)
 
     def log_put(self, conn: int, job_id: int, tube: str, pri: int, delay: int, ttr: int,
                 body: bytes) -> None:

@@ -139,3 +139,13 @@ def test_a_reserve_ends_the_connections_wait() -> None:
         assert _apply(quick, rec, fast) == _apply(slow, rec, State.apply), rec
         assert fingerprint(quick) == fingerprint(slow), rec
     assert quick.limits["a"].tat == slow.limits["a"].tat > 0
+
+
+@given(kind=hs.sampled_from([r.Reserve, r.Delete]), seq=hs.integers(0, 2**64 - 1),
+       time=hs.integers(0, 2**64 - 1), conn=hs.integers(0, 2**64 - 1),
+       id=hs.integers(0, 2**64 - 1))
+@settings(max_examples=200)
+def test_encode_job_is_encode_of_its_record(kind: type, seq: int, time: int, conn: int,
+                                            id: int) -> None:
+    """With a journal the loop stages `records.encode_job`'s bytes (commit.stage_job)."""
+    assert r.encode_job(kind, seq, time, conn, id) == r.encode(kind(seq, time, conn, id))
