@@ -664,11 +664,12 @@ class MutationLoop:
         owed = s.owed
         # Stop past OUT_BOUND unsent, or past this turn's slice: checked
         # before each command, so one reply of any size may go over.
-        limit = min(OUT_BOUND, owed + SLICE_BYTES)
+        limit = owed + SLICE_BYTES if owed < OUT_BOUND - SLICE_BYTES else OUT_BOUND  # (no min())
         left = SLICE_COMMANDS
-        while s.pending and not s.blocked and not s.closing and owed <= limit and left:
+        pending = s.pending  # cleared in place on quit, never replaced while this runs
+        while pending and not s.blocked and not s.closing and owed <= limit and left:
             left -= 1
-            cmd = s.pending.popleft()
+            cmd = pending.popleft()
             seq0 = st.last_seq
             if track:
                 must0 = c.begin_command()
