@@ -4,7 +4,7 @@
     .venv/bin/python bench/sockcount.py --conns 1,10 --ops 1000
     .venv/bin/python bench/sockcount.py --workloads put,rd,cycle --source /tmp/base --source /tmp/new
 
-Each server (bench/floor.py, and smallstalk in memory mode from this checkout
+Each server (bench/floor.py, and smallstalk in memory mode, or `--mode never`, from this checkout
 or from each `--source DIR`'s `smallstalk/`) runs whole under
 `valgrind --tool=callgrind` on loopback, and bench/loadgen.py (one process,
 outside valgrind) sends it `--ops` puts, request/response, at each
@@ -72,7 +72,7 @@ def _wait_up(port: int, proc: subprocess.Popen, timeout: float = 600) -> None:
 
 
 def instructions(kind: str, source: str | None, conns: int, ops: int, tmp: Path,
-                 workload: str = "put", preload: int = 0) -> int:
+                 workload: str = "put", preload: int = 0, mode: str = "memory") -> int:
     """The server's total instructions for one run of `ops` ops of `workload`
     at `conns` (after `preload` pipelined puts, for `rd`)."""
     port = _free_port()
@@ -83,6 +83,8 @@ def instructions(kind: str, source: str | None, conns: int, ops: int, tmp: Path,
         cmd = [sys.executable, str(HERE / "floor.py"), "-l", "127.0.0.1", "-p", str(port)]
     else:
         cmd = [sys.executable, "-m", "smallstalk", "serve", "-l", "127.0.0.1", "-p", str(port)]
+        if mode == "never":  # a fresh data directory each run
+            cmd += ["--data-dir", tempfile.mkdtemp(prefix="data-", dir=tmp), "--fsync", "never"]
         if source is not None:
             cwd = str(Path(source).resolve())  # first on sys.path for -m
     proc = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
@@ -113,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--conns", default="1,10")
     ap.add_argument("--ops", type=int, default=1000, help="ops of the shorter run (x3 the other)")
+    ap.add_argument("--mode", choices=("memory", "never"), default="memory",
+                    help="smallstalk's durability mode (bench/run.py's; the floor has none)")
     ap.add_argument("--workloads", default="put",
                     help="smallstalk's workloads, of put, rd, cycle (the floor runs put)")
     ap.add_argument("--source", action="append", metavar="DIR",
@@ -129,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             for kind, src in servers:
                 for wl in ["put"] if kind == "floor" else a.workloads.split(","):
                     preload = 3 * a.ops + 100 * conns if wl == "rd" else 0
-                    lo = instructions(kind, src, conns, a.ops, tmp, wl, preload)
-                    hi = instructions(kind, src, conns, 3 * a.ops, tmp, wl, preload)
+                    lo = instructions(kind, src, conns, a.ops, tmp, wl, preload, a.mode)
+                    hi = instructions(kind, src, conns, 3 * a.ops, tmp, wl, preload, a.mode)
                     per_op = (hi - lo) / (2 * a.ops)
                     per_cmd = per_op / loadgen.COMMANDS_PER_OP[wl]
                     floor = per_cmd if kind == "floor" else floor
@@ -140,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(rows[-1], file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print("### User-space instructions per command over loopback, under callgrind "
-          f"({a.ops} and {3 * a.ops} ops)\n\n| connections | server | workload | "
+    print(f"### User-space instructions per command over loopback, mode {a.mode}, under "
+          f"callgrind ({a.ops} and {3 * a.ops} ops)\n\n| connections | server | workload | "
           "instructions/op | per command | / floor's per put |\n|---:|---|---|---:|---:|---:|\n"
           + "\n".join(rows))
     return 0
