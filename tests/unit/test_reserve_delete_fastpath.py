@@ -149,3 +149,26 @@ def test_encode_job_is_encode_of_its_record(kind: type, seq: int, time: int, con
                                             id: int) -> None:
     """With a journal the loop stages `records.encode_job`'s bytes (commit.stage_job)."""
     assert r.encode_job(kind, seq, time, conn, id) == r.encode(kind(seq, time, conn, id))
+
+
+@pytest.mark.parametrize("last", [r.Reserve, r.Delete])
+def test_the_fast_paths_compact_heaps_where_apply_does(last: type) -> None:
+    """Every 65,536th seq compacts the heaps (past 1,024 stale entries they
+    go): at a reserve's or a delete's seq too."""
+    n = 1100
+    seq = 0x10000 - 2 * n
+    recs = []
+    for jid in range(1, n + 2):
+        recs.append(r.Put(seq, T0, 1, jid, "default", 1, 0, 60, b"a"))
+        seq += 1
+    for jid in range(1, n):  # each leaves its ready-heap entry stale
+        recs.append(r.Reserve(seq, T0, 1, jid))
+        seq += 1
+    assert seq == 0x10000
+    recs.append(last(seq, T0, 1, n + 1 if last is r.Reserve else 1))
+    slow, quick = State(), State()
+    for rec in recs:
+        slow.apply(rec)
+        fast(quick, rec)
+    assert fingerprint(quick) == fingerprint(slow)
+    assert len(slow.tubes["default"].ready) < n  # compacted
