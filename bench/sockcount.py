@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Instructions per put over real sockets: smallstalk against the floor, under callgrind.
+"""Instructions per command over real sockets: smallstalk against the floor's per put, under callgrind.
 
     .venv/bin/python bench/sockcount.py --conns 1,10 --ops 1000
-    .venv/bin/python bench/sockcount.py --source /tmp/base --source /tmp/new
+    .venv/bin/python bench/sockcount.py --workloads put,rd,cycle --source /tmp/base --source /tmp/new
 
-Each server (bench/floor.py, and smallstalk in memory mode from this checkout
+Each server (bench/floor.py, and smallstalk in memory mode, or `--mode never`, from this checkout
 or from each `--source DIR`'s `smallstalk/`) runs whole under
 `valgrind --tool=callgrind` on loopback, and bench/loadgen.py (one process,
 outside valgrind) sends it `--ops` puts, request/response, at each
@@ -13,6 +13,16 @@ the two runs' instructions over the difference of their puts is the
 server's user-space instructions per put: start-up, imports and shutdown
 cancel out. The kernel's work is not counted (valgrind sees only user
 space), for either server.
+
+`--workloads` adds bench/loadgen.py's `rd` (reserve-with-timeout 0 and
+delete: two commands an op) and `cycle` (put, reserve, delete: three) for
+smallstalk; the floor answers puts only, so each row's ratio is smallstalk's
+instructions per command over the floor's per put at the same connections,
+the issue's measure. Before an `rd` run the server is loaded with 3 x `--ops`
++ 100 per connection jobs (pipelined puts), the same number in both runs, so
+the loading cancels out too; the shorter run ends with 2 x `--ops` more jobs
+left, whose freeing at exit is not cancelled (a few hundred instructions a
+job: well under 1% of an op).
 
 Under valgrind the server is the slow side by far, so at 10 connections each
 wake-up finds every connection's next put: the saturated shape, for both
@@ -61,16 +71,20 @@ def _wait_up(port: int, proc: subprocess.Popen, timeout: float = 600) -> None:
     raise SystemExit("server did not answer `stats` in time")
 
 
-def instructions(kind: str, source: str | None, conns: int, ops: int, tmp: Path) -> int:
-    """The server's total instructions for one run of `ops` puts at `conns`."""
+def instructions(kind: str, source: str | None, conns: int, ops: int, tmp: Path,
+                 workload: str = "put", preload: int = 0, mode: str = "memory") -> int:
+    """The server's total instructions for one run of `ops` ops of `workload`
+    at `conns` (after `preload` pipelined puts, for `rd`)."""
     port = _free_port()
-    out = tmp / f"callgrind.{kind}.{conns}.{ops}.out"
+    out = tmp / f"callgrind.{kind}.{workload}.{conns}.{ops}.out"
     env = dict(os.environ, PYTHONHASHSEED="0")
     cwd = None
     if kind == "floor":
         cmd = [sys.executable, str(HERE / "floor.py"), "-l", "127.0.0.1", "-p", str(port)]
     else:
         cmd = [sys.executable, "-m", "smallstalk", "serve", "-l", "127.0.0.1", "-p", str(port)]
+        if mode == "never":  # a fresh data directory each run
+            cmd += ["--data-dir", tempfile.mkdtemp(prefix="data-", dir=tmp), "--fsync", "never"]
         if source is not None:
             cwd = str(Path(source).resolve())  # first on sys.path for -m
     proc = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
@@ -78,9 +92,12 @@ def instructions(kind: str, source: str | None, conns: int, ops: int, tmp: Path)
                             stderr=subprocess.DEVNULL)
     try:
         _wait_up(port, proc)
-        res = loadgen.run(port, "put", conns, duration=3600, procs=1, max_ops=ops)
-        if res["ops"] < ops:
-            raise SystemExit(f"{kind}: {res['ops']} of {ops} puts answered")
+        if preload:
+            loadgen.run(port, "load", min(conns, 10), total=preload, duration=3600, procs=1)
+        res = loadgen.run(port, workload, conns, duration=3600, procs=1, max_ops=ops)
+        if res["ops"] < ops or res.get("errors"):
+            raise SystemExit(f"{kind}: {res['ops']} of {ops} {workload} ops answered, "
+                             f"{res.get('errors')} errors")
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -97,7 +114,11 @@ def instructions(kind: str, source: str | None, conns: int, ops: int, tmp: Path)
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--conns", default="1,10")
-    ap.add_argument("--ops", type=int, default=1000, help="puts of the shorter run (x3 the other)")
+    ap.add_argument("--ops", type=int, default=1000, help="ops of the shorter run (x3 the other)")
+    ap.add_argument("--mode", choices=("memory", "never"), default="memory",
+                    help="smallstalk's durability mode (bench/run.py's; the floor has none)")
+    ap.add_argument("--workloads", default="put",
+                    help="smallstalk's workloads, of put, rd, cycle (the floor runs put)")
     ap.add_argument("--source", action="append", metavar="DIR",
                     help="a directory holding a smallstalk/ package (default: this checkout)")
     a = ap.parse_args(argv)
@@ -110,18 +131,23 @@ def main(argv: list[str] | None = None) -> int:
         for conns in (int(c) for c in a.conns.split(",")):
             floor = None
             for kind, src in servers:
-                lo = instructions(kind, src, conns, a.ops, tmp)
-                hi = instructions(kind, src, conns, 3 * a.ops, tmp)
-                per_put = (hi - lo) / (2 * a.ops)
-                floor = per_put if kind == "floor" else floor
-                name = kind if src is None else f"{kind} {src}"
-                rows.append(f"| {conns} | {name} | {per_put:,.0f} | "
-                            f"{per_put / floor:.2f}× |")
+                for wl in ["put"] if kind == "floor" else a.workloads.split(","):
+                    preload = 3 * a.ops + 100 * conns if wl == "rd" else 0
+                    lo = instructions(kind, src, conns, a.ops, tmp, wl, preload, a.mode)
+                    hi = instructions(kind, src, conns, 3 * a.ops, tmp, wl, preload, a.mode)
+                    per_op = (hi - lo) / (2 * a.ops)
+                    per_cmd = per_op / loadgen.COMMANDS_PER_OP[wl]
+                    floor = per_cmd if kind == "floor" else floor
+                    name = kind if src is None else f"{kind} {src}"
+                    rows.append(f"| {conns} | {name} | {wl} | {per_op:,.0f} | {per_cmd:,.0f} | "
+                                f"{per_cmd / floor:.2f}× |")
+                    print(rows[-1], file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print("### User-space instructions per put over loopback, under callgrind "
-          f"({a.ops} and {3 * a.ops} puts)\n\n| connections | server | instructions/put | "
-          "/ floor |\n|---:|---|---:|---:|\n" + "\n".join(rows))
+    print(f"### User-space instructions per command over loopback, mode {a.mode}, under "
+          f"callgrind ({a.ops} and {3 * a.ops} ops)\n\n| connections | server | workload | "
+          "instructions/op | per command | / floor's per put |\n|---:|---|---|---:|---:|---:|\n"
+          + "\n".join(rows))
     return 0
 
 

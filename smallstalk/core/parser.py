@@ -396,8 +396,10 @@ _TABLE: list[tuple[bytes, object]] = [
     (b"list-tube-used", LIST_TUBE_USED),
     (b"list-tubes", LIST_TUBES),
 ]
-# Exact-match fast path for the argument-less commands.
+# Exact-match fast path for the argument-less commands, and for a worker's
+# commonest line with an argument (what `_p_reserve_timeout` makes of it).
 _EXACT = {prefix: cmd for prefix, cmd in _TABLE if not callable(cmd)}
+_EXACT[b"reserve-with-timeout 0"] = Reserve(0)
 
 
 @attrs.frozen(slots=True)
@@ -414,18 +416,47 @@ class _PutHeader:
     skip_reply: ErrorReply | None = None
 
 
-_ID, _U32 = rb"([0-9]{1,18})", rb"([0-9]{1,9})"  # digits that cannot pass the bound
 # A worker's everyday commands in their plain form (one space between plain
 # digits that cannot overflow): exactly what `_TABLE`'s parsers make of such
 # lines, without trying every prefix first (tests/unit/test_protocol.py holds the
-# two to the same result).
-_PLAIN_ARGS: dict[bytes, tuple[re.Pattern, Callable]] = {
-    b"delete": (re.compile(_ID), lambda i: Delete(int(i))),
-    b"reserve-with-timeout": (re.compile(_U32), lambda t: Reserve(int(t))),
-    b"release": (re.compile(_ID + b" " + _U32 + b" " + _U32),
-                 lambda i, pri, delay: Release(int(i), int(pri), int(delay))),
-    b"bury": (re.compile(_ID + b" " + _U32), lambda i, pri: Bury(int(i), int(pri))),
-    b"touch": (re.compile(_ID), lambda i: Touch(int(i))),
+# two to the same result). Each answers None for anything else, which then
+# takes the general path. `bytes.isdigit` is true for ASCII digits only, and
+# for at least one: `[0-9]+`, the class `_read_uint` reads.
+
+
+def _plain_id(cls: type) -> Callable[[bytes], Command | None]:
+    def parse(rest: bytes) -> Command | None:
+        return cls(int(rest)) if rest.isdigit() and len(rest) < 19 else None
+    return parse
+
+
+def _plain_reserve_timeout(rest: bytes) -> Command | None:
+    return Reserve(int(rest)) if rest.isdigit() and len(rest) < 10 else None
+
+
+def _plain_release(rest: bytes) -> Command | None:
+    parts = rest.split(b" ")
+    if len(parts) == 3:
+        i, pri, delay = parts
+        if (i.isdigit() and pri.isdigit() and delay.isdigit() and len(i) < 19
+                and len(pri) < 10 and len(delay) < 10):
+            return Release(int(i), int(pri), int(delay))
+    return None
+
+
+def _plain_bury(rest: bytes) -> Command | None:
+    i, space, pri = rest.partition(b" ")
+    if i.isdigit() and pri.isdigit() and len(i) < 19 and len(pri) < 10:
+        return Bury(int(i), int(pri))
+    return None
+
+
+_PLAIN_ARGS: dict[bytes, Callable[[bytes], Command | None]] = {
+    b"delete": _plain_id(Delete),
+    b"reserve-with-timeout": _plain_reserve_timeout,
+    b"release": _plain_release,
+    b"bury": _plain_bury,
+    b"touch": _plain_id(Touch),
 }
 
 
@@ -437,9 +468,9 @@ def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHea
     word, space, rest = line.partition(b" ")
     plain = _PLAIN_ARGS.get(word) if space else None
     if plain is not None:
-        m = plain[0].fullmatch(rest)
-        if m is not None:
-            return plain[1](*m.groups())
+        cmd = plain(rest)
+        if cmd is not None:
+            return cmd
     if 0 in line:
         return ErrorReply(BAD_FORMAT)
     m = _PUT.fullmatch(line)
@@ -549,8 +580,28 @@ class Parser:
         self._buf += data
 
     def take(self, data: bytes) -> tuple[list[Event], int]:
-        """`feed(data)`, then `events()` and `buffered()`: a connection's read in one call."""
-        if self._mode == _SKIP and not self._buf:
+        """`feed(data)`, then `events()` and `buffered()`: a connection's read in one call.
+
+        A read that is exactly one command, with nothing held before it (a
+        request/response client's every read), is answered from `data` itself:
+        a repeat of the last put line with its body, or one line whose only CR
+        is its CRLF and that fits the window (so `events` would find the same
+        line end). Anything else, and a line that starts a put, goes the
+        general way (tests/unit/test_protocol.py holds the two to the same
+        events)."""
+        mode = self._mode
+        if mode == _LINE and not self._buf:
+            n = len(data)
+            last = self._last
+            line = last[0]
+            stop = len(line)
+            if n == stop + last[4] + 2 and data.startswith(line) and data.endswith(b"\r\n"):
+                return [Put(last[1], last[2], last[3], data[stop:n - 2])], 0
+            if 1 < n <= LINE_MAX and data.find(b"\r") == n - 2 and data[-1] == 0x0A:
+                ev = parse_line(data[:-2], self.max_job_size)
+                if type(ev) is not _PutHeader:
+                    return [ev], 0
+        if mode == _SKIP and not self._buf:
             self.feed(data)
         else:
             self._buf += data

@@ -113,9 +113,11 @@ class Queries:
         """The job a reserve by `cid` gets now: lowest (pri, id) in unpaused watched tubes."""
         best = None
         limits = self.limits
-        for name in self.watch_of(cid):
-            t = self.tubes[name]
-            if not t.ready_n or t.paused(now):
+        c = self.conns.get(cid)  # watch_of, inlined
+        tubes = self.tubes
+        for name in c.watch if c else (DEFAULT_TUBE,):
+            t = tubes[name]
+            if not t.ready_n or t.unpause_at > now:  # t.paused(now), inlined
                 continue
             if limits and name in limits and self._limited(limits[name], t, now):
                 continue
@@ -158,7 +160,12 @@ class Queries:
 
     def has_ready(self, cid: int) -> bool:
         """beanstalkd's conn_ready: a watched tube has ready jobs, paused or not."""
-        return any(self.tubes[name].ready_n for name in self.watch_of(cid))
+        c = self.conns.get(cid)
+        tubes = self.tubes
+        for name in c.watch if c else (DEFAULT_TUBE,):  # a loop: any() and a generator cost more
+            if tubes[name].ready_n:
+                return True
+        return False
 
     def deadline_soon(self, cid: int, now: int) -> bool:
         c = self.conns.get(cid)

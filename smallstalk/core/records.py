@@ -468,6 +468,12 @@ def encode_put(seq: int, time: int, conn: int, id: int, tube: str, pri: int, del
     return cbor2.dumps([Put.CODE, seq, time, conn, id, tube, pri, delay, ttr, body])
 
 
+def encode_job(cls: type, seq: int, time: int, conn: int, id: int) -> bytes:
+    """`encode(cls(seq, time, conn, id))` of a Reserve or a Delete without
+    making the record: the live reserve's and delete's path."""
+    return cbor2.dumps([cls.CODE, seq, time, conn, id])
+
+
 def encode_put_unique(seq: int, time: int, conn: int, tube: str, key: str, unique_for: int,
                       keys_max: int, id: int, pri: int, delay: int, ttr: int,
                       body: bytes) -> bytes:

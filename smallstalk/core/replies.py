@@ -71,7 +71,7 @@ def reserved_batch(jobs: list[tuple[int, bytes]]) -> bytes:
 
 
 def reserved(job_id: int, body: bytes) -> bytes:
-    return job_reply(RESERVED_WORD, job_id, body)
+    return b"RESERVED %d %d\r\n%s\r\n" % (job_id, len(body), body)  # job_reply's, one call
 
 
 def found(job_id: int, body: bytes) -> bytes:

@@ -200,6 +200,23 @@ class GroupCommit:
             self.put_seqs.append(seq)
         self.turn_payloads.append((seq, payload))  # also without feeds: see `stage`
 
+    def stage_job(self, kind: type, conn: int, job_id: int, now: int) -> int:
+        """`stage(kind(seq, now, conn, job_id))` of a Reserve or a Delete without
+        the record (`records.encode_job`): the same bytes staged and the same
+        bookkeeping (`_track` keeps nothing of either). Returns the seq taken;
+        the loop applies the change (`loop.log_job`)."""
+        j = self.journal
+        seq = j.take_seq()
+        payload = r.encode_job(kind, seq, now, conn, job_id)
+        j.append_payload(payload, seq)
+        if kind is r.Reserve and not self.min_replica_acks \
+                and self.owner.state.jobs[job_id].state == READY:
+            self.revealed = self.job_need(job_id)
+        else:
+            self.must_sync = seq
+        self.turn_payloads.append((seq, payload))  # also without feeds: see `stage`
+        return seq
+
     def _track(self, rec: r.Record, kind: type) -> None:
         """Remember staged puts and kicks: a reserve's reply waits for them."""
         if kind is r.Put:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 from smallstalk.core import explain
@@ -56,6 +57,9 @@ class Loop(server_stats.Observed, Protocol):
     def burn_job_id(self) -> None: ...
 
     def log(self, cls: type, *fields) -> r.Record: ...
+
+    def log_job(self, apply: Callable[[int, int, int, int], None], cls: type, conn: int,
+                job_id: int) -> None: ...
 
     def log_put(self, conn: int, job_id: int, tube: str, pri: int, delay: int, ttr: int,
                 body: bytes) -> None: ...
@@ -200,7 +204,9 @@ def _make_room(st: State, tube: str, pol: TubePolicy, size: int, dropped: list[i
 
 
 def reserve(lp: Loop, s: Session, cmd: p.Reserve):
-    lp.count("cmd-reserve" if cmd.timeout is None else "cmd-reserve-with-timeout")
+    name = "cmd-reserve" if cmd.timeout is None else "cmd-reserve-with-timeout"
+    counters = lp.counters  # lp.count(name), inlined
+    counters[name] = counters.get(name, 0) + 1
     s.worker = True
     st = lp.state
     now = lp.now
@@ -210,8 +216,9 @@ def reserve(lp: Loop, s: Session, cmd: p.Reserve):
         return p.DEADLINE_SOON
     job = st.best_ready(s.id, now)
     if job is not None:
-        lp.log(r.Reserve, s.id, job.id)
-        return p.reserved(job.id, lp.body_of(job))
+        lp.log_job(st.apply_reserve, r.Reserve, s.id, job.id)
+        body = job.body
+        return p.reserved(job.id, body if type(body) is bytes else lp.body_of(job))
     if cmd.timeout == 0 or s.halfclosed:
         return p.TIMED_OUT
     deadline = None if cmd.timeout is None else now + cmd.timeout * NS
@@ -289,11 +296,13 @@ def reserve_job(lp: Loop, s: Session, cmd: p.ReserveJob):
 
 
 def delete(lp: Loop, s: Session, cmd: p.Delete):
-    lp.count("cmd-delete")
-    job = lp.state.jobs.get(cmd.id)
-    if job is None or (job.state == RESERVED and job.reserver != s.id):
+    counters = lp.counters  # lp.count("cmd-delete"), inlined
+    counters["cmd-delete"] = counters.get("cmd-delete", 0) + 1
+    st = lp.state
+    job = st.jobs.get(cmd.id)
+    if job is None or (job.state == RESERVED and job.counts[6] != s.id):  # job.reserver
         return p.NOT_FOUND
-    lp.log(r.Delete, s.id, cmd.id)
+    lp.log_job(st.apply_delete, r.Delete, s.id, cmd.id)
     return p.DELETED
 
 

@@ -257,6 +257,20 @@ class MutationLoop(Roles):
         self.state.apply(rec)
         return rec
 
+    def log_job(self, apply: Callable[[int, int, int, int], None], cls: type, conn: int,
+                job_id: int) -> None:
+        """`log(cls, conn, job_id)` of a Reserve or Delete, no record made: its
+        state change by `apply` (State.apply_reserve, apply_delete), staged
+        by `commit.stage_job` with a journal; `log` itself where it checks."""
+        c = self.commit
+        if self.journal is None and not self.read_only:
+            self._seq += 1
+            apply(self._seq, self.now, conn, job_id)
+        elif self.read_only or c.failed_until or c.stale:
+            self.log(cls, conn, job_id)
+        else:
+            apply(c.stage_job(cls, conn, job_id, self.now), self.now, conn, job_id)
+
     def log_put(self, conn: int, job_id: int, tube: str, pri: int, delay: int, ttr: int,
                 body: bytes) -> None:
         """`log(r.Put, ...)` for the everyday put, without making the record:
@@ -524,11 +538,12 @@ class MutationLoop(Roles):
         owed = s.owed
         # Stop past OUT_BOUND unsent, or past this turn's slice: checked
         # before each command, so one reply of any size may go over.
-        limit = min(OUT_BOUND, owed + SLICE_BYTES)
+        limit = owed + SLICE_BYTES if owed < OUT_BOUND - SLICE_BYTES else OUT_BOUND  # (no min())
         left = SLICE_COMMANDS
-        while s.pending and not s.blocked and not s.closing and owed <= limit and left:
+        pending = s.pending  # cleared in place on quit, never replaced while this runs
+        while pending and not s.blocked and not s.closing and owed <= limit and left:
             left -= 1
-            cmd = s.pending.popleft()
+            cmd = pending.popleft()
             seq0 = st.last_seq
             if track:
                 must0 = c.begin_command()

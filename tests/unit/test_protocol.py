@@ -336,3 +336,50 @@ def test_take_is_feed_then_events_then_buffered(pieces: list, chunk: int) -> Non
         events, held = one.take(data[i:i + chunk])
         three.feed(data[i:i + chunk])
         assert (events, held) == (three.events(), three.buffered())
+
+
+_WORDS = [b"put", b"reserve", b"reserve-with-timeout", b"delete", b"release", b"touch",
+          b"bury", b"quit", b"peek", b"use", b"put-unique", b"kick", b"reserve-job", b""]
+_ARG = st.text("0123456789", min_size=0, max_size=22) | st.sampled_from(
+    ["+1", "-1", "007", "0", "4294967295", "4294967296", "18446744073709551615",
+     "18446744073709551616", "99999999999999999999", " ", "", "x", "1x", "t", "k"])
+_one_read = st.builds(
+    lambda word, args, sep, tail, end, body: (
+        word + (b" " if args else b"") + sep.join(a.encode() for a in args) + tail + end + body),
+    st.sampled_from(_WORDS), st.lists(_ARG, max_size=5), st.sampled_from([b" ", b"  ", b"\t"]),
+    st.sampled_from([b"", b" ", b"  ", b"\x00", b"\r", b"x"]),
+    st.sampled_from([b"\r\n", b"\r\n", b"\n", b"\r", b""]),
+    st.sampled_from([b"", b"", b"abc\r\n", b"\r\n", b"x" * 3 + b"\r\n", b"reserve\r\n"]))
+
+
+@given(st.lists(_one_read | _put_lines | st.binary(max_size=30), max_size=12))
+@example([b"put 0 0 1 3\r\nabc\r\n", b"put 0 0 1 3\r\nabc\r\n", b"put 0 0 1 3\r\nab\r\r\n"])
+@example([b"delete 007\r\n", b"delete +1\r\n", b"delete 1 \r\n", b"release 1 2 3\r\n",
+          b"release 1 2 4294967296\r\n", b"bury 1\r\n", b"bury 1 2 3\r\n", b"touch\r\n"])
+@example([b"put 0 0 1 70000\r\n", b"delete 1\r\n", b"x" * 70000 + b"\r\n", b"delete 1\r\n"])
+@example([b"reserve-with-timeout 0\r\n", b"reserve-with-timeout 00\r\n", b"quit\r\n"])
+@example([b"delete 18446744073709551616\r\n", b"touch 018446744073709551615\r\n",
+          b"reserve-with-timeout 2147483648\r\n", b"reserve-with-timeout 999999999\r\n",
+          b"bury 1 4294967296\r\n", b"release 1 4294967296 0\r\n", b"delete 1\r\r\n"])
+@example([b"use " + b"a" * 218 + b"\r\n", b"use " + b"a" * 219 + b"\r\n",
+          b"delete " + b"0" * 215 + b"1\r\n", b"delete 1\r\n"])
+@settings(max_examples=500)
+def test_a_read_of_one_command_parses_as_the_general_path_does(reads: list) -> None:
+    """`take`'s shortcut for a read that is exactly one command (the last put
+    line with its body, or one line) gives exactly the events and held bytes
+    that `feed` and `events` give, read after read, whatever the line holds;
+    the general side without parse_line's shortcuts (plain arguments, the
+    exact `reserve-with-timeout 0`)."""
+    one, three = p.Parser(64), p.Parser(64)
+    plain, exact = dict(parser._PLAIN_ARGS), dict(parser._EXACT)
+    for data in reads:
+        events, held = one.take(data)
+        three.feed(data)
+        parser._PLAIN_ARGS.clear()
+        del parser._EXACT[b"reserve-with-timeout 0"]
+        try:
+            expected = (three.events(), three.buffered())
+        finally:
+            parser._PLAIN_ARGS.update(plain)
+            parser._EXACT.update(exact)
+        assert (events, held) == expected
