@@ -30,6 +30,7 @@ class StateError(Exception):
 # A job's seldom-set numbers, in one tuple (see Job): its five statistics,
 # its delay and, while reserved, its reserver.
 ZERO_COUNTS = (0, 0, 0, 0, 0, 0, 0)
+RESERVER = 6  # where `counts` holds the reserver (hot paths read it without the property)
 M32 = (1 << 32) - 1
 M64 = (1 << 64) - 1
 
@@ -76,7 +77,7 @@ class Job:
     buries = _counter(3)
     kicks = _counter(4)
     delay = _counter(5)
-    reserver = _counter(6)  # the connection holding it, while RESERVED (else 0)
+    reserver = _counter(RESERVER)  # the connection holding it, while RESERVED (else 0)
 
 
 def counts_for(delay: int) -> tuple:

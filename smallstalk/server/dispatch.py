@@ -19,7 +19,7 @@ from typing import Protocol
 from smallstalk.core import explain
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
-from smallstalk.core.model import DEFAULT_TUBE, STATE_BY_NAME
+from smallstalk.core.model import DEFAULT_TUBE, RESERVER, STATE_BY_NAME
 from smallstalk.core.state import BURIED, DELAYED, NS, READY, RESERVED, State, body_len
 from smallstalk.core.stats import job_key_stats, job_stats, tube_stats
 from smallstalk.server import holdback
@@ -300,7 +300,7 @@ def delete(lp: Loop, s: Session, cmd: p.Delete):
     counters["cmd-delete"] = counters.get("cmd-delete", 0) + 1
     st = lp.state
     job = st.jobs.get(cmd.id)
-    if job is None or (job.state == RESERVED and job.counts[6] != s.id):  # job.reserver
+    if job is None or (job.state == RESERVED and job.counts[RESERVER] != s.id):
         return p.NOT_FOUND
     lp.log_job(st.apply_delete, r.Delete, s.id, cmd.id)
     return p.DELETED
