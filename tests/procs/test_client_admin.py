@@ -90,9 +90,15 @@ def test_promote_turns_a_replica_into_a_primary(tmp_path: Path, token_file: Path
     replica = start_smallstalk(tmp_path, "--replica-of", address(srv), "--admin-token-file",
                                str(token_file), data_dir=tmp_path / "replica")
     try:
-        with Client(address(replica), token=TOKEN) as c:
-            wait_for(lambda: c.ext_stats()["replication-connected"] == "true",
-                     what="the replica to follow")
+        with Client(address(replica), token=TOKEN) as c, \
+                Client(address(srv), token=TOKEN) as p:
+            # Connected is not caught up: records (the primary's epoch among
+            # them) follow the handshake, and a replica promoted before they
+            # arrive rightly starts history 1 of its own.
+            primary_seq = int(p.ext_stats()["last-seq"])
+            wait_for(lambda: c.ext_stats()["replication-connected"] == "true"
+                     and int(c.ext_stats()["last-seq"]) >= primary_seq,
+                     what="the replica to follow and catch up")
             epoch = c.promote()
             assert epoch == int(c.ext_stats()["epoch"]) and epoch >= 2
             assert c.ext_stats()["role"] == "primary"
