@@ -137,7 +137,7 @@ class _Connection:
         if blob and not self.broken:
             if self.unsent or self.sending or self.fd < 0:
                 self._queue(blob)  # never in the middle of what is being sent
-            else:  # _write_now, inlined: every reply of the polled path passes here
+            else:  # written here: every reply of the polled path passes this line
                 try:
                     n = os.write(self.fd, blob)
                 except BlockingIOError:
@@ -162,17 +162,6 @@ class _Connection:
                 self.room.set()
             else:
                 self._wake()
-
-    def _write_now(self, blob: bytes) -> None:
-        try:
-            n = os.write(self.fd, blob)
-        except BlockingIOError:
-            n = 0
-        except OSError:
-            self.broken = True  # the reader sees the hang-up and ends the connection
-            return
-        if n < len(blob):
-            self._queue(memoryview(blob)[n:])
 
     def _queue(self, data) -> None:
         self.unsent.append(data)
