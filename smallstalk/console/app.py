@@ -45,6 +45,7 @@ from smallstalk.console.metrics import Exporter
 from smallstalk.core import protocol as p
 from smallstalk.core.model import STATE_BY_NAME, STATE_NAMES
 from smallstalk.core.protocol import valid_tube_name
+from smallstalk.core.search import ACTION_STATES
 from smallstalk.ops.text import fmt_size
 from smallstalk.server.local import LocalSession
 from smallstalk.server.loop import MutationLoop
@@ -356,9 +357,8 @@ def _action_commands(what: str, target: str, form) -> tuple[list[p.Command] | No
     return None, None
 
 
-# The bulk actions of the search form, and the states each takes.
-BULK_STATES = {"kick": ("buried", "delayed"), "delete": ("ready", "delayed", "buried"),
-               "move": ("ready", "delayed", "buried")}
+# The bulk actions of the search form, and the states each takes (the server's table).
+BULK_STATES = {action: takes for action, takes in ACTION_STATES.items() if action != "count"}
 
 
 def _bulk_command(tube: str, form) -> tuple[list[p.Command] | None, str | None]:
