@@ -5,6 +5,7 @@
     .venv/bin/python bench/profile.py --workload put --conns 10 --mode never --seconds 20
     .venv/bin/python bench/profile.py --tool cprofile ...   # CPU-time, call counts per op
     .venv/bin/python bench/profile.py --tool callgrind      # instructions per command, in-process
+    .venv/bin/python bench/profile.py --tool opcodes        # bytecodes per command, by function
 
 Starts smallstalk (same flags as bench/run.py's modes), drives it with
 bench/loadgen.py for the duration and prints the top functions.
@@ -123,10 +124,11 @@ def status_counts(pid: int) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tool", choices=("py-spy", "cprofile", "count", "time", "callgrind"),
+    ap.add_argument("--tool", choices=("py-spy", "cprofile", "count", "opcodes", "time",
+                                                "callgrind"),
                     default="py-spy",
-                    help="count/time/callgrind: in-process, deterministic calls, CPU or "
-                         "instructions per command")
+                    help="count/opcodes/time/callgrind: in-process, deterministic calls, "
+                         "bytecodes, CPU or instructions per command")
     ap.add_argument("--workload", default="put", choices=loadgen.WORKLOADS)
     ap.add_argument("--conns", type=int, default=10)
     ap.add_argument("--mode", default="never", choices=list(servers.MODES))
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     g.add_argument("--cg-dir", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.tool in ("count", "time", "callgrind"):
+    if args.tool in ("count", "opcodes", "time", "callgrind"):
         if args.mode == "always":
             raise SystemExit("count/time run memory or never (no fsync thread in-process)")
         return count_main(args)
@@ -329,11 +331,12 @@ class _Conn:
 
 
 async def _count_run(workload: str, per_turn: int, ops: int, mode: str, profile,
-                     on_off=None) -> dict:
+                     on_off=None, trace=None) -> dict:
     """`ops` ops of `workload` by `per_turn` clients, one command each per poller
     pass, as in request/response at `per_turn` connections; `profile` (a
-    sys.setprofile hook, or None) is on only during the passes of the measured ops,
-    and so are `on_off`'s two callables (callgrind's collection), if given."""
+    sys.setprofile hook, or None) and `trace` (a sys.settrace one) are on only
+    during the passes of the measured ops, and so are `on_off`'s two callables
+    (callgrind's collection), if given."""
     import trio
 
     from smallstalk.core.protocol import Parser
@@ -362,6 +365,8 @@ async def _count_run(workload: str, per_turn: int, ops: int, mode: str, profile,
                     t0 = time.thread_time()
                     if profile is not None:
                         sys.setprofile(profile)
+                    if trace is not None:
+                        sys.settrace(trace)
                     if on_off is not None:
                         on_off[0]()
                 lp.begin_batch()
@@ -372,6 +377,7 @@ async def _count_run(workload: str, per_turn: int, ops: int, mode: str, profile,
                     if on_off is not None:
                         on_off[1]()
                     sys.setprofile(None)
+                    sys.settrace(None)
                     cpu += time.thread_time() - t0
                     passes += 1
 
@@ -415,6 +421,32 @@ def count_calls(workload: str, per_turn: int, ops: int, mode: str) -> dict:
     return res
 
 
+def count_opcodes(workload: str, per_turn: int, ops: int, mode: str) -> dict:
+    """Bytecodes executed per command, by function: deterministic, and what a
+    change to the hot path's Python is best judged by before any timing
+    (callgrind then says what the bytecodes cost)."""
+    import trio
+
+    ops_by: collections.Counter = collections.Counter()
+
+    def local(frame, event, arg):
+        if event == "opcode":
+            code = frame.f_code
+            ops_by[(code.co_name, code.co_filename, code.co_firstlineno)] += 1
+        return local
+
+    def trace(frame, event, arg):
+        frame.f_trace_opcodes = True
+        frame.f_trace_lines = False
+        return local
+
+    res = trio.run(_count_run, workload, per_turn, ops, mode, None, None, trace)
+    res["opcodes"] = sum(ops_by.values())
+    res["top"] = [(f"{name} ({_short(file)}:{line})", n)
+                  for (name, file, line), n in ops_by.most_common()]
+    return res
+
+
 def time_turns(workload: str, per_turn: int, ops: int, mode: str, reps: int) -> list[float]:
     """Thread CPU µs per command over the measured passes, `reps` times (no profiler)."""
     import trio
@@ -441,6 +473,13 @@ def count_main(args) -> int:
                            py_per_op=res["py_calls"] / res["ops"],
                            top=[(f"{kind} {name}", round(c / n, 3))
                                 for (kind, name), c in res["top"]])
+            elif args.tool == "opcodes":
+                res = count_opcodes(wl, k, args.ops, args.mode)
+                n = res["commands"]
+                row.update(opcodes_per_cmd=res["opcodes"] / n,
+                           opcodes_per_op=res["opcodes"] / res["ops"],
+                           opcodes_per_turn=res["opcodes"] / res["passes"],
+                           top=[(name, round(c / n, 3)) for name, c in res["top"]])
             else:
                 us = time_turns(wl, k, args.ops, args.mode, args.reps)
                 row.update(cpu_us_per_cmd=statistics.median(us), samples=us)
@@ -466,8 +505,9 @@ def _ab(args) -> int:
             results[d].append(json.loads(out))
     lines = [f"### {args.tool}: " + " vs ".join(args.source) + f" ({args.rounds} alternating "
              f"rounds, mode {args.mode})", ""]
-    key = "py_per_cmd" if args.tool == "count" else "cpu_us_per_cmd"
-    what = "Python calls per command" if args.tool == "count" else "CPU µs per command, median"
+    key, what = {"count": ("py_per_cmd", "Python calls per command"),
+                 "opcodes": ("opcodes_per_cmd", "bytecodes per command")}.get(
+        args.tool, ("cpu_us_per_cmd", "CPU µs per command, median"))
     lines += ["| workload | per turn | " + " | ".join(args.source) + " |",
               "|---|---:|" + "---:|" * len(args.source)]
     first = results[args.source[0]][0]
@@ -612,6 +652,21 @@ def render_counts(rows: list[dict], args) -> str:
         for r in rows:
             lines.append(f"| {r['workload']} | {r['per_turn']} | {r['cpu_us_per_cmd']:.2f} | "
                          f"{min(r['samples']):.2f} | {max(r['samples']):.2f} |")
+        return "\n".join(lines) + "\n"
+    if args.tool == "opcodes":
+        lines = [f"### Bytecodes per command in-process, mode {args.mode} ({args.ops} ops after "
+                 f"8 of warm-up; git {servers.git_info()['commit'][:10]}; the harness's own "
+                 f"`received` and `deliver` (bench/profile.py) are counted too)", "",
+                 "| workload | commands per turn | bytecodes/command | per op | per turn |",
+                 "|---|---:|---:|---:|---:|"]
+        for r in rows:
+            lines.append(f"| {r['workload']} | {r['per_turn']} | {r['opcodes_per_cmd']:.1f} | "
+                         f"{r['opcodes_per_op']:.1f} | {r['opcodes_per_turn']:.1f} |")
+        for r in rows:
+            lines += ["", f"Top {args.top} functions, bytecodes per command, {r['workload']} "
+                      f"with {r['per_turn']} per turn:", "", "| bytecodes/command | function |",
+                      "|---:|---|"]
+            lines += [f"| {n:.1f} | `{name}` |" for name, n in r["top"][: args.top]]
         return "\n".join(lines) + "\n"
     lines = [f"### Calls per command in-process, mode {args.mode} ({args.ops} ops after 8 of "
              f"warm-up; a turn = one poller pass with one command from each client; git "
