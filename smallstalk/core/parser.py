@@ -595,7 +595,10 @@ class Parser:
             last = self._last
             line = last[0]
             stop = len(line)
-            if n == stop + last[4] + 2 and data.startswith(line) and data.endswith(b"\r\n"):
+            # (Slices and indexes: startswith and endswith parse their
+            # arguments the slow way, and cost more than the compares.)
+            if n == stop + last[4] + 2 and data[-1] == 0x0A and data[-2] == 0x0D \
+                    and data[:stop] == line:
                 return [Put(last[1], last[2], last[3], data[stop:n - 2])], 0
             if 1 < n <= LINE_MAX and data.find(b"\r") == n - 2 and data[-1] == 0x0A:
                 ev = parse_line(data[:-2], self.max_job_size)

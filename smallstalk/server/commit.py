@@ -131,6 +131,9 @@ class GroupCommit:
         self.turn_seq0 = owner.state.last_seq  # the last seq before this turn
         self.turn_puts: list = []  # (record, file, body offset) staged this turn, for spilling
         self.touched: dict[int, Session] = {}  # sessions with replies this turn
+        # Replies this turn may be held (for replica acks) or refused (past
+        # the HA lease): only then is each reply's `Session.out_mut` kept.
+        self.holds = False
         # ...of which these were granted a job: their replies go out first (a
         # waiting worker gets its job before the producer hears INSERTED, as
         # in beanstalkd; the hand-off is the latency a user feels).
@@ -140,6 +143,7 @@ class GroupCommit:
 
     def begin_turn(self) -> None:
         self.turn_seq0 = self.owner.state.last_seq
+        self.holds = bool(self.min_replica_acks) or self.owner.lease_until != math.inf
 
     def touch(self, s: Session) -> None:
         """`s` may have replies this turn: `finish_turn` collects them."""
@@ -430,6 +434,9 @@ class GroupCommit:
         touched, self.touched = self.touched, {}
         sessions = self.owner.sessions
         deliveries = []
+        if send and self.holds:  # holding ended within the turn: what it kept goes
+            for s in touched.values():
+                s.out_mut = []
         order = touched.values()
         if self.granted:
             first = {s.id: s for s in self.granted if s.id in touched}
@@ -441,12 +448,17 @@ class GroupCommit:
             done = not s.blocked and not s.pending
             # A session that just started waiting is told so (done=False, maybe
             # no bytes): its connection then watches the socket meanwhile.
-            out, mut = s.out, s.out_mut
-            s.out, s.out_mut = [], []
+            out = s.out
+            s.out = []
             if send:
                 deliver_replies(s, out, done, s.closing)
+            elif self.holds:
+                deliveries.append(Delivery(s, out, s.out_mut, done, s.closing))
+                s.out_mut = []
             else:
-                deliveries.append(Delivery(s, out, mut, done, s.closing))
+                # Holding began within the turn (a lease taken): what its
+                # replies changed was not kept, so each counts as a change.
+                deliveries.append(Delivery(s, out, [True] * len(out), done, s.closing))
         return deliveries
 
     def _reply(self, deliveries: list[Delivery], turn_seq: int, seq0: int) -> None:
@@ -523,7 +535,8 @@ class GroupCommit:
             errors = [p.INTERNAL_ERROR] * len(s.out)
             recount(s, s.out, errors)
             s.out[:] = errors
-            s.out_mut[:] = [False] * len(s.out)
+            if self.holds:
+                s.out_mut[:] = [False] * len(s.out)
         self._reload_state()
 
     def _sync_failed(self, e: JournalError) -> None:

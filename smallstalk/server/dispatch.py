@@ -61,8 +61,8 @@ class Loop(server_stats.Observed, Protocol):
     def log_job(self, apply: Callable[[int, int, int, int], None], cls: type, conn: int,
                 job_id: int) -> None: ...
 
-    def log_put(self, conn: int, job_id: int, tube: str, pri: int, delay: int, ttr: int,
-                body: bytes) -> None: ...
+    def log_put(self, conn: int, tube: str, pri: int, delay: int, ttr: int,
+                body: bytes) -> int: ...
 
     def log_put_unique(self, conn: int, tube: str, key: str, unique_for: int, keys_max: int,
                        job_id: int, pri: int, delay: int, ttr: int, body: bytes) -> None: ...
@@ -94,12 +94,13 @@ def put(lp: Loop, s: Session, cmd: p.Put):
     st = lp.state
     c = st.conns.get(s.id)  # st.use_of(s.id), inlined
     tube = c.use if c is not None else DEFAULT_TUBE
-    pol = lp.policies.of(tube)
+    pols = lp.policies
+    pol = pols.tubes.get(tube, pols.default)  # pols.of(tube), inlined
     children = st.fanout.get(tube)
     if pol.plain and not children and not cmd.max_age:
-        job_id = lp.take_job_id()  # the common case: a plain, format-1 Put record
-        lp.log_put(s.id, job_id, tube, cmd.pri, cmd.delay, cmd.ttr, cmd.body)
-        return p.inserted(job_id)
+        # The common case: a plain, format-1 Put record (its id taken there).
+        job_id = lp.log_put(s.id, tube, cmd.pri, cmd.delay, cmd.ttr, cmd.body)
+        return b"INSERTED %d\r\n" % job_id  # p.inserted(job_id), inlined
     return _put_with_policy(lp, s, cmd, tube, pol, children or [])
 
 
@@ -210,15 +211,17 @@ def reserve(lp: Loop, s: Session, cmd: p.Reserve):
     s.worker = True
     st = lp.state
     now = lp.now
-    # has_ready first: deadline_soon looks at every job the connection holds
-    # (a worker that pipelines reserves would pay it once per reserve).
-    if not st.has_ready(s.id) and st.deadline_soon(s.id, now):
-        return p.DEADLINE_SOON
+    # A job to take means a watched tube has one ready (has_ready), so no
+    # DEADLINE_SOON: that check waits until there is none.
     job = st.best_ready(s.id, now)
     if job is not None:
         lp.log_job(st.apply_reserve, r.Reserve, s.id, job.id)
         body = job.body
         return p.reserved(job.id, body if type(body) is bytes else lp.body_of(job))
+    # has_ready first: deadline_soon looks at every job the connection holds
+    # (a worker that pipelines reserves would pay it once per reserve).
+    if not st.has_ready(s.id) and st.deadline_soon(s.id, now):
+        return p.DEADLINE_SOON
     if cmd.timeout == 0 or s.halfclosed:
         return p.TIMED_OUT
     deadline = None if cmd.timeout is None else now + cmd.timeout * NS

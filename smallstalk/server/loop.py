@@ -57,6 +57,11 @@ class ReadOnly(Exception):
 wall_clock: Callable[[], int] = time.time_ns  # the loop's clock (tests inject another)
 
 
+# What a handler may answer instead of reply bytes (module globals: the
+# loop's `_run` compares every reply with them).
+BLOCK, CLOSE, NOREPLY = dispatch.BLOCK, dispatch.CLOSE, dispatch.NOREPLY
+HANDLERS = dispatch.HANDLERS
+
 # A replica's own sessions take ids far above its primary's connection ids,
 # which arrive in the primary's records: sharing one would let a local
 # client's `use` or hang-up change (or release the reservations of) the
@@ -271,24 +276,33 @@ class MutationLoop(Roles):
         else:
             apply(c.stage_job(cls, conn, job_id, self.now), self.now, conn, job_id)
 
-    def log_put(self, conn: int, job_id: int, tube: str, pri: int, delay: int, ttr: int,
-                body: bytes) -> None:
-        """`log(r.Put, ...)` for the everyday put, without making the record:
-        the same bytes staged, the same state change."""
+    def log_put(self, conn: int, tube: str, pri: int, delay: int, ttr: int,
+                body: bytes) -> int:
+        """`log(r.Put, ...)` for the everyday put, with the job id it takes
+        (`take_job_id`, inlined), without making the record: the same bytes
+        staged, the same state change. Returns the job's id."""
+        st = self.state
+        job_id, floor = st.next_job_id, self._id_floor
+        if floor > job_id:
+            job_id = floor
+        self._id_floor = job_id + 1
         j = self.journal
         if j is None and not self.read_only:
             # In memory: nothing to stage; the state change `log` would make.
             self._seq += 1
-            self.state.apply_put(self._seq, self.now, conn, job_id, tube, pri, delay, ttr, body)
-            return
-        if self._put_needs_record():
+            st.apply_put(self._seq, self.now, conn, job_id, tube, pri, delay, ttr, body)
+            return job_id
+        store = self.bodies  # self._put_needs_record(), inlined (j is not None here):
+        if self.read_only is not None or self.commit.failed_until or (store is not None and (
+                store.max_memory or self.policies.has_memory_budgets())):
             self.log(r.Put, conn, job_id, tube, pri, delay, ttr, body)
-            return
+            return job_id
         seq = j.take_seq()
         now = self.now
         self.commit.stage_put(r.encode_put(seq, now, conn, job_id, tube, pri, delay, ttr, body),
                               seq, job_id)
-        self.state.apply_put(seq, now, conn, job_id, tube, pri, delay, ttr, body)
+        st.apply_put(seq, now, conn, job_id, tube, pri, delay, ttr, body)
+        return job_id
 
     def log_put_unique(self, conn: int, tube: str, key: str, unique_for: int, keys_max: int,
                        job_id: int, pri: int, delay: int, ttr: int, body: bytes) -> None:
@@ -532,9 +546,10 @@ class MutationLoop(Roles):
         slice of the turn is used up, or too many of its replies are unsent."""
         c = self.commit
         c.touched[s.id] = s  # c.touch(s), inlined
-        handlers = dispatch.HANDLERS
+        handlers = HANDLERS
         st = self.state
         track = c.track_needs
+        holds = c.holds
         owed = s.owed
         # Stop past OUT_BOUND unsent, or past this turn's slice: checked
         # before each command, so one reply of any size may go over.
@@ -544,7 +559,8 @@ class MutationLoop(Roles):
         while pending and not s.blocked and not s.closing and owed <= limit and left:
             left -= 1
             cmd = pending.popleft()
-            seq0 = st.last_seq
+            if holds:
+                seq0 = st.last_seq
             if track:
                 must0 = c.begin_command()
             try:
@@ -558,15 +574,16 @@ class MutationLoop(Roles):
             except BodyError as e:
                 log.error("answering INTERNAL_ERROR: %s", e)
                 reply = p.INTERNAL_ERROR
-            if reply is dispatch.BLOCK:
+            if reply is BLOCK:
                 s.blocked = True
                 s.wait_deadline = st.conns[s.id].wait_deadline
-            elif reply is dispatch.CLOSE:
+            elif reply is CLOSE:
                 s.closing = True
                 s.pending.clear()
-            elif reply is not dispatch.NOREPLY:
+            elif reply is not NOREPLY:
                 s.out.append(reply)
-                s.out_mut.append(st.last_seq != seq0)
+                if holds:
+                    s.out_mut.append(st.last_seq != seq0)
                 owed += len(reply)
             if track:
                 c.note_need(s, must0)
@@ -589,7 +606,8 @@ class MutationLoop(Roles):
         and run the commands the wait held up."""
         s.blocked = False
         s.out.append(reply)
-        s.out_mut.append(logged)
+        if self.commit.holds:
+            s.out_mut.append(logged)
         s.owed += len(reply)
         self._run(s)
 
