@@ -36,7 +36,7 @@ import trio
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.state import READY, State
-from smallstalk.server.session import Delivery, Session, deliver, deliver_replies, recount
+from smallstalk.server.session import OUT_BOUND, Delivery, Session, deliver, recount
 from smallstalk.storage.bodies import PUTS
 from smallstalk.storage.journal import INLINE_SYNC_RECORDS, Journal, JournalError
 
@@ -450,8 +450,13 @@ class GroupCommit:
             # no bytes): its connection then watches the socket meanwhile.
             out = s.out
             s.out = []
-            if send:
-                deliver_replies(s, out, done, s.closing)
+            if send:  # deliver_replies(s, out, done, s.closing), inlined: once per session
+                blob = b"".join(out)
+                s.owed -= len(blob)
+                if s.held and s.owed <= OUT_BOUND:
+                    s.held = False
+                    s.resume(s)
+                s.deliver(blob, done, s.closing)
             elif self.holds:
                 deliveries.append(Delivery(s, out, s.out_mut, done, s.closing))
                 s.out_mut = []
