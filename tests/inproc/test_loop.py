@@ -344,3 +344,55 @@ async def test_a_poller_turn_that_makes_a_timer_moves_the_loop_tasks_alarm(
     await trio.sleep(2.5)  # TTR 2 s: back to ready without another command
     assert lp.state.jobs[1].state == READY
     assert trio.current_time() - t0 < 8
+
+
+
+async def _turn_taking_a_lease(lp, nursery, s, got: list[bytes], until: float | None,
+                               *cmds) -> bytes:
+    """One poller turn running `cmds` for `s`, then (until not None) a call
+    that takes an HA lease until trio time `until`, as a promotion does."""
+    lp.begin_batch()
+    lp.submit(s, list(cmds))
+    if until is not None:
+        nursery.start_soon(lp.call, lp.hold_lease, until)
+        await trio.testing.wait_all_tasks_blocked()
+    await lp.end_batch()
+    return got.pop()
+
+
+LISTED = b"OK 14\r\n---\n- default\n\r\n"
+
+
+async def test_a_lease_taken_within_a_turn_holds_that_turns_replies_to_it(
+        lp, nursery, autojump_clock) -> None:
+    """Each reply's "did it change anything" is kept only in turns that may
+    hold or refuse replies (an HA lease, replica acks: GroupCommit.holds,
+    fixed when the turn starts). A lease taken within a turn (a promotion runs
+    inside one) counts that turn's replies as changes; while it holds they go
+    out as they are. The turns after it judge each reply on its own."""
+    got: list[bytes] = []
+    s = lp.open_session(lambda blob, done, close: got.append(blob), None, "local")
+    await trio.sleep(1)
+    now = trio.current_time()
+    assert await _turn_taking_a_lease(lp, nursery, s, got, now + 10, p.Put(0, 0, 5, b"x"),
+                                      p.ListTubes()) == b"INSERTED 1\r\n" + LISTED
+    assert await _turn_taking_a_lease(lp, nursery, s, got, None, p.Put(0, 0, 5, b"y"),
+                                      p.ListTubes()) == b"INSERTED 2\r\n" + LISTED
+    # Past the lease the turn starts fenced: the put refused, the listing answered.
+    lp.hold_lease(trio.current_time())
+    assert await _turn_taking_a_lease(lp, nursery, s, got, None, p.Put(0, 0, 5, b"z"),
+                                      p.ListTubes()) == p.READ_ONLY + LISTED
+
+
+async def test_a_lease_over_within_the_turn_that_took_it_refuses_all_its_replies(
+        lp, nursery, autojump_clock) -> None:
+    """The turn's replies were not judged one by one (no lease when it
+    started): past the lease each counts as a change, so none is
+    acknowledged, the listing included. The next turn is fenced."""
+    got: list[bytes] = []
+    s = lp.open_session(lambda blob, done, close: got.append(blob), None, "local")
+    await trio.sleep(1)
+    assert await _turn_taking_a_lease(lp, nursery, s, got, trio.current_time() - 1,
+                                      p.Put(0, 0, 5, b"x"), p.ListTubes()) == p.INTERNAL_ERROR * 2
+    assert await _turn_taking_a_lease(lp, nursery, s, got, None, p.Put(0, 0, 5, b"y"),
+                                      p.ListTubes()) == p.READ_ONLY + LISTED
