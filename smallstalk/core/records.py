@@ -462,27 +462,6 @@ def encode(rec: Record) -> bytes:
     return cbor2.dumps(to_list(rec))
 
 
-def encode_put(seq: int, time: int, conn: int, id: int, tube: str, pri: int, delay: int,
-               ttr: int, body: bytes) -> bytes:
-    """`encode(Put(...))` without making the record: the live put path's."""
-    return cbor2.dumps([Put.CODE, seq, time, conn, id, tube, pri, delay, ttr, body])
-
-
-def encode_job(cls: type, seq: int, time: int, conn: int, id: int) -> bytes:
-    """`encode(cls(seq, time, conn, id))` of a Reserve or a Delete without
-    making the record: the live reserve's and delete's path."""
-    return cbor2.dumps([cls.CODE, seq, time, conn, id])
-
-
-def encode_put_unique(seq: int, time: int, conn: int, tube: str, key: str, unique_for: int,
-                      keys_max: int, id: int, pri: int, delay: int, ttr: int,
-                      body: bytes) -> bytes:
-    """`encode(PutUnique(...))` of the everyday keyed put (one job, in the tube
-    put into, nothing dropped, no expiry) without making the record."""
-    return cbor2.dumps([PutUnique.CODE, seq, time, conn, tube, key, unique_for, keys_max,
-                        [[id, tube]], pri, delay, ttr, 0, [], body])
-
-
 def from_list(items: list) -> Record:
     try:
         cls = BY_CODE[items[0]]

@@ -38,6 +38,7 @@ from smallstalk.core import records as r
 from smallstalk.core.state import READY, State
 from smallstalk.server.session import OUT_BOUND, Delivery, Session, deliver, recount
 from smallstalk.storage.bodies import PUTS
+from smallstalk.storage.encoder import LiveEncoder
 from smallstalk.storage.journal import INLINE_SYNC_RECORDS, Journal, JournalError
 
 log = logging.getLogger("smallstalk.server.commit")
@@ -128,6 +129,7 @@ class GroupCommit:
         self.kick_seq = 0
         self.revealed: int | None = None  # set by staging a NEED_NO_SYNC record
         self.turn_payloads: list[tuple[int, bytes]] = []
+        self._encoder = LiveEncoder()  # reserves' and deletes' records
         self.turn_seq0 = owner.state.last_seq  # the last seq before this turn
         self.turn_puts: list = []  # (record, file, body offset) staged this turn, for spilling
         self.touched: dict[int, Session] = {}  # sessions with replies this turn
@@ -195,7 +197,7 @@ class GroupCommit:
             self.turn_puts.append((rec, path, end - len(rec.body)))
 
     def stage_put(self, payload: bytes, seq: int, job_id: int) -> None:
-        """`stage` for the everyday put, already encoded (`records.encode_put`):
+        """`stage` for the everyday put, already encoded (`storage.encoder.LiveEncoder`):
         the same bytes staged and the same bookkeeping, without the record."""
         self.journal.append_payload(payload, seq)
         self.must_sync = seq
@@ -206,12 +208,12 @@ class GroupCommit:
 
     def stage_job(self, kind: type, conn: int, job_id: int, now: int) -> int:
         """`stage(kind(seq, now, conn, job_id))` of a Reserve or a Delete without
-        the record (`records.encode_job`): the same bytes staged and the same
+        the record (`storage.encoder.LiveEncoder`): the same bytes staged and the same
         bookkeeping (`_track` keeps nothing of either). Returns the seq taken;
         the loop applies the change (`loop.log_job`)."""
         j = self.journal
         seq = j.take_seq()
-        payload = r.encode_job(kind, seq, now, conn, job_id)
+        payload = self._encoder.job(kind, seq, now, conn, job_id)
         j.append_payload(payload, seq)
         if kind is r.Reserve and not self.min_replica_acks \
                 and self.owner.state.jobs[job_id].state == READY:

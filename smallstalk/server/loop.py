@@ -46,6 +46,7 @@ from smallstalk.server.search import Searches
 from smallstalk.server.session import OUT_BOUND, SLICE_BYTES, SLICE_COMMANDS, Session
 from smallstalk.storage.aof import FSYNC_ALWAYS
 from smallstalk.storage.bodies import BodyError, spill_record
+from smallstalk.storage.encoder import LiveEncoder
 from smallstalk.storage.journal import Journal
 
 log = logging.getLogger("smallstalk.server.loop")
@@ -113,6 +114,7 @@ class MutationLoop(Roles):
         self._replica_next = REPLICA_SESSIONS + int.from_bytes(os.urandom(3)) * REPLICA_RANGE
         self._seq = state.last_seq  # used when there is no journal
         self._id_floor = 0  # ids below this were given out (or burned) already
+        self._encoder = LiveEncoder()  # the everyday puts' records
         # The inbox: what connections hand the loop, taken whole by the next
         # turn. The loop task sleeps in `_wait_for_input` (`_waiter`) until an
         # item comes or a timer is due; while the poller passes over the
@@ -279,7 +281,7 @@ class MutationLoop(Roles):
     def log_put(self, conn: int, tube: str, pri: int, delay: int, ttr: int,
                 body: bytes) -> int:
         """`log(r.Put, ...)` for the everyday put, with the job id it takes
-        (`take_job_id`, inlined), without making the record: the same bytes
+        (`take_job_id`, inlined), without making the record (`storage.encoder.LiveEncoder`): the same bytes
         staged, the same state change. Returns the job's id."""
         st = self.state
         job_id, floor = st.next_job_id, self._id_floor
@@ -299,8 +301,8 @@ class MutationLoop(Roles):
             return job_id
         seq = j.take_seq()
         now = self.now
-        self.commit.stage_put(r.encode_put(seq, now, conn, job_id, tube, pri, delay, ttr, body),
-                              seq, job_id)
+        payload = self._encoder.put(seq, now, conn, job_id, tube, pri, delay, ttr, body)
+        self.commit.stage_put(payload, seq, job_id)
         st.apply_put(seq, now, conn, job_id, tube, pri, delay, ttr, body)
         return job_id
 
@@ -320,8 +322,8 @@ class MutationLoop(Roles):
             return
         seq = j.take_seq()
         now = self.now
-        self.commit.stage_put(r.encode_put_unique(seq, now, conn, tube, key, unique_for,
-                                                  keys_max, job_id, pri, delay, ttr, body),
+        self.commit.stage_put(self._encoder.put_unique(seq, now, conn, tube, key, unique_for,
+                                                       keys_max, job_id, pri, delay, ttr, body),
                               seq, job_id)
         self.state.apply_put_unique(seq, now, conn, tube, key, unique_for, keys_max, job_id,
                                     pri, delay, ttr, body)

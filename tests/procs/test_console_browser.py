@@ -154,6 +154,8 @@ def test_search_then_a_confirmed_bulk_move_and_delete(console, browser) -> None:
     browser.get(url + "/tube/searched")
     browser.find_element(By.ID, "search-q").send_keys("order")
     browser.find_element(By.ID, "search").click()
+    # The click submits the form: the page with the matches loads after it returns.
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#matches"), 30, "the matches")
     assert text(browser, "#matches") == "5"
     rows = [int(e.get_attribute("data-job"))
             for e in browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr[data-job]")]

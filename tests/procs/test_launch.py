@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from smallstalk.core import records
 from smallstalk.storage import aof
+from smallstalk.storage.encoder import LiveEncoder
 
 from ..support.procs import free_port, wait_listening
 
@@ -24,11 +24,12 @@ BODY = b"0123456789"
 def big_data_dir(data: Path) -> None:
     """JOBS ready jobs, written as the server writes them (no server needed)."""
     (data / "aof").mkdir(parents=True)
+    enc = LiveEncoder()
     for first in range(1, JOBS + 1, PER_SEGMENT):
         w = aof.SegmentWriter(data / "aof", first)
         for seq in range(first, min(first + PER_SEGMENT, JOBS + 1)):
-            w.append(records.encode_put(seq, 1_700_000_000 * 10**9, 1, seq, "default", 100, 0,
-                                        60, BODY), seq)
+            w.append(enc.put(seq, 1_700_000_000 * 10**9, 1, seq, "default", 100, 0, 60, BODY),
+                     seq)
         w.write()
         w.sync()
         w.close()
