@@ -47,7 +47,7 @@ MATCH_BYTES = 64 << 10  # of each body a pattern is matched against
 SEARCH_PAGE_MAX = 1000  # ids per search-jobs answer; page on with after-id
 # One slice: ids looked up, body bytes matched; a regular expression's match
 # counts as REGEX_COST ids more (its call costs that much; docs/PERFORMANCE.md).
-SLICE_PROBES = 2048
+SLICE_PROBES = 1024
 SLICE_BYTES = 256 << 10
 REGEX_COST = 4
 SMALL = 4096  # a tube's list this short is taken whole, not scanned by id
