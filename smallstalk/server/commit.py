@@ -197,8 +197,9 @@ class GroupCommit:
             self.turn_puts.append((rec, path, end - len(rec.body)))
 
     def stage_put(self, payload: bytes, seq: int, job_id: int) -> None:
-        """`stage` for the everyday put, already encoded (`storage.encoder.LiveEncoder`):
-        the same bytes staged and the same bookkeeping, without the record."""
+        """`stage` for the everyday put, already encoded (the loop's
+        `LiveEncoder`): the same bytes staged and the same bookkeeping,
+        without the record."""
         self.journal.append_payload(payload, seq)
         self.must_sync = seq
         if self.track_needs:
@@ -208,9 +209,9 @@ class GroupCommit:
 
     def stage_job(self, kind: type, conn: int, job_id: int, now: int) -> int:
         """`stage(kind(seq, now, conn, job_id))` of a Reserve or a Delete without
-        the record (`storage.encoder.LiveEncoder`): the same bytes staged and the same
-        bookkeeping (`_track` keeps nothing of either). Returns the seq taken;
-        the loop applies the change (`loop.log_job`)."""
+        the record (encoded by this commit's `LiveEncoder`): the same bytes
+        staged and the same bookkeeping (`_track` keeps nothing of either).
+        Returns the seq taken; the loop applies the change (`loop.log_job`)."""
         j = self.journal
         seq = j.take_seq()
         payload = self._encoder.job(kind, seq, now, conn, job_id)

@@ -281,8 +281,9 @@ class MutationLoop(Roles):
     def log_put(self, conn: int, tube: str, pri: int, delay: int, ttr: int,
                 body: bytes) -> int:
         """`log(r.Put, ...)` for the everyday put, with the job id it takes
-        (`take_job_id`, inlined), without making the record (`storage.encoder.LiveEncoder`): the same bytes
-        staged, the same state change. Returns the job's id."""
+        (`take_job_id`, inlined), without making the record (the loop's
+        `LiveEncoder`): the same bytes staged, the same state change. Returns
+        the job's id."""
         st = self.state
         job_id, floor = st.next_job_id, self._id_floor
         if floor > job_id:
@@ -322,9 +323,9 @@ class MutationLoop(Roles):
             return
         seq = j.take_seq()
         now = self.now
-        self.commit.stage_put(self._encoder.put_unique(seq, now, conn, tube, key, unique_for,
-                                                       keys_max, job_id, pri, delay, ttr, body),
-                              seq, job_id)
+        payload = self._encoder.put_unique(seq, now, conn, tube, key, unique_for, keys_max,
+                                           job_id, pri, delay, ttr, body)
+        self.commit.stage_put(payload, seq, job_id)
         self.state.apply_put_unique(seq, now, conn, tube, key, unique_for, keys_max, job_id,
                                     pri, delay, ttr, body)
 
