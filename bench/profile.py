@@ -282,9 +282,10 @@ def render_cprofile(raw: Path, args, title: str, head: str, ops: int) -> str:
 
 # --- deterministic counts: what a turn does, in-process --------------------------------
 
-COUNT_WORKLOADS = ("put", "rd", "cycle")
+COUNT_WORKLOADS = ("put", "rd", "cycle", "put-unique")
 # The commands one op sends, in order, one per turn (request/response).
-STEPS = {"put": ("put",), "rd": ("reserve", "delete"), "cycle": ("put", "reserve", "delete")}
+STEPS = {"put": ("put",), "rd": ("reserve", "delete"), "cycle": ("put", "reserve", "delete"),
+         "put-unique": ("put-unique",)}
 PUT = b"put 1024 0 60 100\r\n" + b"x" * 100 + b"\r\n"
 
 
@@ -300,6 +301,7 @@ class _Conn:
         self.replies: list[bytes] = []
         self.session = lp.open_session(self.deliver)
         self.job = b""
+        self.keys = 0  # put-unique: keys used so far
 
     def deliver(self, blob: bytes, done: bool, close: bool) -> None:
         self.replies.append(blob)
@@ -325,6 +327,9 @@ class _Conn:
             self.job = replies.split(b" ", 2)[1]
         if step == "put":
             return PUT
+        if step == "put-unique":  # a new key each, as bench/loadgen.py's workload
+            self.keys += 1
+            return loadgen.put_unique_command(b"k%d-%d" % (id(self), self.keys))
         if step == "reserve":
             return b"reserve-with-timeout 0\r\n"
         return b"delete %s\r\n" % self.job

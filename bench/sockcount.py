@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=("memory", "never"), default="memory",
                     help="smallstalk's durability mode (bench/run.py's; the floor has none)")
     ap.add_argument("--workloads", default="put",
-                    help="smallstalk's workloads, of put, rd, cycle (the floor runs put)")
+                    help="smallstalk's workloads, of put, rd, cycle, put-unique (the floor "
+                         "runs put)")
     ap.add_argument("--source", action="append", metavar="DIR",
                     help="a directory holding a smallstalk/ package (default: this checkout)")
     a = ap.parse_args(argv)

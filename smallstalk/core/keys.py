@@ -84,21 +84,29 @@ class KeyIndex:
 
     def add(self, tube: str, key: str, jid: int, window: int, keys_max: int, now: int,
             seq: int = 0) -> None:
-        """A keyed put made job `jid` at `now` (the caller checked with `find` that
-        the key is free); raises StateError if the job has a key already."""
+        """A keyed put made job `jid` at `now`. Raises StateError, changing
+        nothing, if the job has a key already or the key is taken (`find`
+        would have found it: the put was a duplicate)."""
         if jid in self.of_job:
             raise StateError(f"job {jid} already has a key")
         k = self.tubes.get(tube)
         if k is None:
             k = self.tubes[tube] = TubeKeys()
-        k.gone.pop(key, None)  # its window had passed
+        else:
+            gone = k.gone
+            if key in k.live or (key in gone and now < gone[key][1]):
+                raise StateError(f"key {key!r} of tube {tube!r} is taken: "
+                                 "the put was a duplicate")
+            if gone:
+                gone.pop(key, None)  # its window had passed
         k.window = window
         k.keys_max = keys_max
         k.live[key] = jid
         self.of_job[jid] = (tube, key)
         if seq:
             self.put_seqs[jid] = seq
-        k.prune(now)
+        if k.gone:  # k.prune(now), when there is anything to prune
+            k.prune(now)
 
     def release(self, jid: int, now: int) -> None:
         """Job `jid` is gone at `now`: its key, if any, is retained for the window."""

@@ -101,6 +101,9 @@ _PUT_UNIQUE_LINE_MAX = len(_PUT_UNIQUE) + 200 + 4 * 11 + 2
 _PUT_UNIQUE_LINE = re.compile(
     rb"put-unique ([-A-Za-z0-9+/;.$_()]{1,200}) ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1,10}) "
     rb"([0-9]{1,10})\r\n")
+# A put-unique's key alone: `take` matches the rest of the line against the
+# last put-unique line's rest (`Parser._last_unique`), as it does a put's line.
+_PUT_UNIQUE_KEY = re.compile(rb"put-unique ([-A-Za-z0-9+/;.$_()]{1,200})")
 TUBE_NAME_MAX = 200
 # `search-jobs` and `bulk-jobs` name up to two tubes of 200 bytes: their lines
 # may be longer than beanstalkd's (no beanstalkd command starts with their names).
@@ -144,6 +147,8 @@ _PUT_LINE = re.compile(rb"put ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1
 # What `Parser._last` holds before any put: a line and its true numbers (so
 # even input that repeats it gets the answer the regex path would give).
 _FIRST_PUT = (b"put 0 0 1 0\r\n", 0, 0, 1, 0)
+# ...and `Parser._last_unique` before any put-unique: what follows a key, likewise.
+_FIRST_UNIQUE = (b" 0 0 1 0\r\n", 0, 0, 1, 0)
 
 
 def _read_uint(line: bytes, pos: int, limit: int, to_end: bool) -> tuple[int, int]:
@@ -553,7 +558,8 @@ class Parser:
     `feed(data)` then `events()` returns every complete event so far, in order.
     """
 
-    __slots__ = ("_buf", "_mode", "_put", "_skip", "max_job_size", "_last", "_skip_reply")
+    __slots__ = ("_buf", "_mode", "_put", "_skip", "max_job_size", "_last", "_skip_reply",
+                 "_last_unique")
 
     def __init__(self, max_job_size: int = DEFAULT_MAX_JOB_SIZE) -> None:
         self.max_job_size = max_job_size
@@ -566,6 +572,7 @@ class Parser:
         # producer repeats it, and matching its bytes again skips the regex
         # and the int conversions (about a third of parsing a put).
         self._last: tuple[bytes, int, int, int, int] = _FIRST_PUT
+        self._last_unique: tuple[bytes, int, int, int, int] = _FIRST_UNIQUE
 
     def buffered(self) -> int:
         """Bytes held that do not yet form a complete event."""
@@ -584,9 +591,10 @@ class Parser:
 
         A read that is exactly one command, with nothing held before it (a
         request/response client's every read), is answered from `data` itself:
-        a repeat of the last put line with its body, or one line whose only CR
-        is its CRLF and that fits the window (so `events` would find the same
-        line end). Anything else, and a line that starts a put, goes the
+        a repeat of the last put line with its body, a put-unique with its
+        body whose line after the key repeats the last put-unique's, or one
+        line whose only CR is its CRLF and that fits the window (so `events`
+        would find the same line end). Anything else, and a line that starts a put, goes the
         general way (tests/unit/test_protocol.py holds the two to the same
         events)."""
         mode = self._mode
@@ -604,6 +612,16 @@ class Parser:
                 ev = parse_line(data[:-2], self.max_job_size)
                 if type(ev) is not _PutHeader:
                     return [ev], 0
+            elif n > 11 and data[3] == 0x2D and data[-1] == 0x0A:
+                # A put-unique with its body: a new key each time, and the rest
+                # of the line (numbers, CRLF) most often the last one's.
+                m = _PUT_UNIQUE_KEY.match(data)
+                if m is not None:
+                    rest, pri, delay, ttr, size = self._last_unique
+                    stop = m.end() + len(rest)
+                    if n == stop + size + 2 and data[-2] == 0x0D and data[m.end():stop] == rest:
+                        return [PutUnique(m.group(1).decode("ascii"), pri, delay, ttr,
+                                          data[stop:n - 2])], 0
         if mode == _SKIP and not self._buf:
             self.feed(data)
         else:
@@ -652,8 +670,11 @@ class Parser:
                         if (size <= max_size and pri <= U32_MAX and delay <= U32_MAX
                                 and ttr <= U32_MAX and n - stop >= size + 2
                                 and buf[stop + size:stop + size + 2] == b"\r\n"):
-                            out.append(PutUnique(key.decode("ascii"), pri, delay, ttr or 1,
+                            ttr = ttr or 1
+                            out.append(PutUnique(key.decode("ascii"), pri, delay, ttr,
                                                  bytes(buf[stop:stop + size])))
+                            self._last_unique = (bytes(buf[m.end(1):stop]), pri, delay, ttr,
+                                                 size)
                             pos = stop + size + 2
                             continue
                     lim = _PUT_UNIQUE_LINE_MAX

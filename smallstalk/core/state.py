@@ -294,12 +294,10 @@ class State(Moves, Queries):
                          unique_for: int, keys_max: int, id: int, pri: int, delay: int,
                          ttr: int, body: bytes) -> None:
         """`apply(PutUnique(...))` of the everyday keyed put (one job in `tube`,
-        nothing dropped, no expiry), with the same effect, without the record."""
-        keys = self.keys
-        if keys.find(tube, key, time) is not None:
-            raise StateError(f"key {key!r} of tube {tube!r} is taken: the put was a duplicate")
+        nothing dropped, no expiry), with the same effect, without the record.
+        The key first: `add` refuses a taken key before anything changes."""
+        self.keys.add(tube, key, id, unique_for * NS, keys_max, time, seq)
         self.apply_put(seq, time, conn, id, tube, pri, delay, ttr, body)
-        keys.add(tube, key, id, unique_for * NS, keys_max, time, seq)
 
     def _put_unique(self, rec: r.PutUnique) -> None:
         if not rec.jobs:

@@ -65,7 +65,7 @@ class Loop(server_stats.Observed, Protocol):
                 body: bytes) -> int: ...
 
     def log_put_unique(self, conn: int, tube: str, key: str, unique_for: int, keys_max: int,
-                       job_id: int, pri: int, delay: int, ttr: int, body: bytes) -> None: ...
+                       pri: int, delay: int, ttr: int, body: bytes) -> int: ...
 
     def volatile(self, cls: type, *fields) -> None: ...
 
@@ -157,23 +157,23 @@ def _put_with_policy(lp: Loop, s: Session, cmd: p.Put | p.PutUnique, tube: str,
 def put_unique(lp: Loop, s: Session, cmd: p.PutUnique):
     """`put-unique <key> ...`: INSERTED <id> for a new job, DUPLICATE <id> when
     the key already made one (docs/PROTOCOL-EXTENSIONS.md)."""
-    lp.count("cmd-put")
+    counters = lp.counters  # as in `put`: the count, the tube and its policy inlined
+    counters["cmd-put"] = counters.get("cmd-put", 0) + 1
     s.producer = True
     if lp.draining:
         lp.burn_job_id()
         return p.DRAINING
     st = lp.state
-    tube = st.use_of(s.id)
-    pol = lp.policies.of(tube)
+    c = st.conns.get(s.id)
+    tube = c.use if c is not None else DEFAULT_TUBE
+    pols = lp.policies
+    pol = pols.tubes.get(tube, pols.default)
     children = st.fanout.get(tube)
-    if pol.unlimited and not children:
+    if pol.unlimited and not children and st.keys.find(tube, cmd.key, lp.now) is None:
         # The common case, without _put_with_policy's decisions: one job, no drops.
-        held = st.keys.find(tube, cmd.key, lp.now)
-        if held is None:
-            job_id = lp.take_job_id()
-            lp.log_put_unique(s.id, tube, cmd.key, pol.unique_for, pol.unique_keys_max,
-                              job_id, cmd.pri, cmd.delay, cmd.ttr, cmd.body)
-            return p.inserted(job_id)
+        job_id = lp.log_put_unique(s.id, tube, cmd.key, pol.unique_for, pol.unique_keys_max,
+                                   cmd.pri, cmd.delay, cmd.ttr, cmd.body)
+        return b"INSERTED %d\r\n" % job_id
     return _put_with_policy(lp, s, cmd, tube, pol, children or [])
 
 

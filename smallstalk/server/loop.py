@@ -308,26 +308,35 @@ class MutationLoop(Roles):
         return job_id
 
     def log_put_unique(self, conn: int, tube: str, key: str, unique_for: int, keys_max: int,
-                       job_id: int, pri: int, delay: int, ttr: int, body: bytes) -> None:
+                       pri: int, delay: int, ttr: int, body: bytes) -> int:
         """`log(r.PutUnique, ...)` for the everyday keyed put (one job in the
-        tube put into, nothing dropped, no expiry), as `log_put` for a put."""
+        tube put into, nothing dropped, no expiry; the caller found the key
+        free), as `log_put` for a put. Returns the job's id."""
+        st = self.state
+        job_id, floor = st.next_job_id, self._id_floor  # take_job_id(), inlined
+        if floor > job_id:
+            job_id = floor
+        self._id_floor = job_id + 1
         j = self.journal
         if j is None and not self.read_only:
             self._seq += 1
-            self.state.apply_put_unique(self._seq, self.now, conn, tube, key, unique_for,
-                                        keys_max, job_id, pri, delay, ttr, body)
-            return
-        if self._put_needs_record():
+            st.apply_put_unique(self._seq, self.now, conn, tube, key, unique_for, keys_max,
+                                job_id, pri, delay, ttr, body)
+            return job_id
+        store = self.bodies  # self._put_needs_record(), inlined as in log_put
+        if self.read_only is not None or self.commit.failed_until or (store is not None and (
+                store.max_memory or self.policies.has_memory_budgets())):
             self.log(r.PutUnique, conn, tube, key, unique_for, keys_max, ((job_id, tube),),
                      pri, delay, ttr, 0, (), body)
-            return
+            return job_id
         seq = j.take_seq()
         now = self.now
         payload = self._encoder.put_unique(seq, now, conn, tube, key, unique_for, keys_max,
                                            job_id, pri, delay, ttr, body)
         self.commit.stage_put(payload, seq, job_id)
-        self.state.apply_put_unique(seq, now, conn, tube, key, unique_for, keys_max, job_id,
-                                    pri, delay, ttr, body)
+        st.apply_put_unique(seq, now, conn, tube, key, unique_for, keys_max, job_id, pri, delay,
+                            ttr, body)
+        return job_id
 
     def _put_needs_record(self) -> bool:
         """Whether a put must go through `log` with its record object: to spill

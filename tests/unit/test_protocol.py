@@ -248,6 +248,17 @@ _put_lines = st.builds(
     st.booleans())
 
 
+# Keyed puts, as one read each: keys good and bad, numbers repeated or not,
+# bodies of the size the line says or not.
+_put_unique_reads = st.builds(
+    lambda key, pri, ttr, size, body_size, end: (
+        b"put-unique %s %d 0 %d %d\r\n" % (key, pri, ttr, size) + b"b" * body_size + end),
+    st.sampled_from([b"k1", b"k2", b"a-b", b"x" * 200, b"x" * 201, b"bad key", b"-", b"k\r"]),
+    st.sampled_from([0, 1024, 2**32 - 1, 2**32]), st.sampled_from([0, 1, 60]),
+    st.sampled_from([0, 3, 70]), st.sampled_from([0, 3, 4, 70]),
+    st.sampled_from([b"\r\n", b"\r\n", b"xy", b"\n", b""]))
+
+
 @given(st.lists(_put_lines | st.sampled_from([b"put 0 0 1 0\r\n\r\n", b"use t\r\n"]),
                 max_size=12), st.integers(1, 40))
 @example([b"put 0 0 1 0\r\n\r\n", b"put 0 0 1 0\r\n\r\n"], 1)
@@ -322,7 +333,7 @@ def test_protocol_exports_every_public_name_of_its_parts() -> None:
             assert getattr(p, name) is value, f"protocol.{name} (from {mod.__name__})"
 
 
-@given(st.lists(st.binary(max_size=120) | _put_lines | st.sampled_from(
+@given(st.lists(st.binary(max_size=120) | _put_lines | _put_unique_reads | st.sampled_from(
     [b"\r\n", b"put 0 0 1 3\r\nabc\r\n", b"put 0 0 1 70000\r\n", b"reserve\r\n", b"delete 7\r\n",
      b"use ", b"\r"]), max_size=30), st.integers(1, 64))
 @settings(max_examples=300)
@@ -352,7 +363,12 @@ _one_read = st.builds(
     st.sampled_from([b"", b"", b"abc\r\n", b"\r\n", b"x" * 3 + b"\r\n", b"reserve\r\n"]))
 
 
-@given(st.lists(_one_read | _put_lines | st.binary(max_size=30), max_size=12))
+@given(st.lists(_one_read | _put_lines | _put_unique_reads | st.binary(max_size=30),
+                max_size=12))
+@example([b"put-unique k1 0 0 1 3\r\nabc\r\n", b"put-unique k2 0 0 1 3\r\nabc\r\n",
+          b"put-unique k3 0 0 1 3\r\nab\r\r\n", b"put-unique k4 0 0 1 3\r\nabcd\r\n",
+          b"put-unique k5 0 0 1 3\r\nabc\r\n"])
+@example([b"put-unique k 0 0 1 0\r\n\r\n", b"put-unique " + b"k" * 201 + b" 0 0 1 0\r\n\r\n"])
 @example([b"put 0 0 1 3\r\nabc\r\n", b"put 0 0 1 3\r\nabc\r\n", b"put 0 0 1 3\r\nab\r\r\n"])
 @example([b"delete 007\r\n", b"delete +1\r\n", b"delete 1 \r\n", b"release 1 2 3\r\n",
           b"release 1 2 4294967296\r\n", b"bury 1\r\n", b"bury 1 2 3\r\n", b"touch\r\n"])
