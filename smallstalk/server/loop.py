@@ -295,7 +295,10 @@ class MutationLoop(Roles):
             self._seq += 1
             st.apply_put(self._seq, self.now, conn, job_id, tube, pri, delay, ttr, body)
             return job_id
-        store = self.bodies  # self._put_needs_record(), inlined (j is not None here):
+        # Through `log`, with its record object: to spill its body after the
+        # commit (a memory budget), or for what `log` checks (a replica, a
+        # failing disk).
+        store = self.bodies
         if self.read_only is not None or self.commit.failed_until or (store is not None and (
                 store.max_memory or self.policies.has_memory_budgets())):
             self.log(r.Put, conn, job_id, tube, pri, delay, ttr, body)
@@ -323,7 +326,7 @@ class MutationLoop(Roles):
             st.apply_put_unique(self._seq, self.now, conn, tube, key, unique_for, keys_max,
                                 job_id, pri, delay, ttr, body)
             return job_id
-        store = self.bodies  # self._put_needs_record(), inlined as in log_put
+        store = self.bodies  # through `log`, when log_put would
         if self.read_only is not None or self.commit.failed_until or (store is not None and (
                 store.max_memory or self.policies.has_memory_budgets())):
             self.log(r.PutUnique, conn, tube, key, unique_for, keys_max, ((job_id, tube),),
@@ -337,15 +340,6 @@ class MutationLoop(Roles):
         st.apply_put_unique(seq, now, conn, tube, key, unique_for, keys_max, job_id, pri, delay,
                             ttr, body)
         return job_id
-
-    def _put_needs_record(self) -> bool:
-        """Whether a put must go through `log` with its record object: to spill
-        its body after the commit, or for what `log` checks (no journal, a
-        replica, a failing disk)."""
-        store = self.bodies
-        return (self.journal is None or self.read_only is not None
-                or bool(self.commit.failed_until) or (store is not None and bool(
-                    store.max_memory or self.policies.has_memory_budgets())))
 
     def apply_replicated(self, records: list) -> None:
         """A replica's way in: the primary's records, with the primary's seqs."""
