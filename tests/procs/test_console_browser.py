@@ -75,6 +75,13 @@ def text(driver, css: str) -> str:
     return driver.find_element(By.CSS_SELECTOR, css).text
 
 
+def landed(driver, check) -> None:
+    """After a click that navigates: wait until `check(driver)` holds on the
+    new page (the click may return while the old page is still shown)."""
+    WebDriverWait(driver, 30, ignored_exceptions=(
+        NoSuchElementException, StaleElementReferenceException)).until(check)
+
+
 def screenshot(driver, name: str, height: int) -> None:
     IMG.mkdir(parents=True, exist_ok=True)
     driver.set_window_size(1400, height)
@@ -112,7 +119,7 @@ def test_every_page_opens(console, browser) -> None:
         c.put("odd name")
     browser.get(url + "/tubes?q=jobs/")
     browser.find_element(By.LINK_TEXT, "jobs/out;v2$(x)").click()
-    assert browser.find_element(By.TAG_NAME, "h1").text == "Tube jobs/out;v2$(x)"
+    landed(browser, lambda d: d.find_element(By.TAG_NAME, "h1").text == "Tube jobs/out;v2$(x)")
     assert text(browser, "#count-ready") == "1"
     browser.get(url + "/travel?seq=abc")
     assert text(browser, "#travel-error") == "seq must be a whole number, not 'abc'"
@@ -164,7 +171,8 @@ def test_search_then_a_confirmed_bulk_move_and_delete(console, browser) -> None:
     browser.get(url + "/tube/searched?state=ready&how=regex&q=" + urllib.parse.quote("^order [34]$"))
     assert text(browser, "#matches") == "2"
     browser.find_element(By.LINK_TEXT, str(orders[3])).click()
-    assert browser.find_element(By.TAG_NAME, "h1").text.startswith(f"Job {orders[3]}")
+    landed(browser, lambda d: d.find_element(By.TAG_NAME, "h1").text.startswith(
+        f"Job {orders[3]}"))
     browser.back()
     # Move the two matches away: the page acts on at most the count it showed.
     browser.find_element(By.ID, "bulk-to").send_keys("searched-done")
@@ -231,10 +239,7 @@ def test_travel_back_to_before_a_burst(console, browser) -> None:
     row = browser.find_element(By.CSS_SELECTOR, '#travel-tubes tr[data-tube="burst"]')
     assert row.find_element(By.CSS_SELECTOR, ".ready").text == "1"
     browser.find_element(By.ID, "next").click()  # one record later: one more job
-    # The click starts a navigation: wait for the next page, not the old one.
-    WebDriverWait(browser, 30, ignored_exceptions=(NoSuchElementException,
-                                                   StaleElementReferenceException)).until(
-        lambda d: d.find_element(By.CSS_SELECTOR, "#at-seq").text == str(before + 1))
+    landed(browser, lambda d: text(d, "#at-seq") == str(before + 1))
     row = browser.find_element(By.CSS_SELECTOR, '#travel-tubes tr[data-tube="burst"]')
     assert row.find_element(By.CSS_SELECTOR, ".ready").text == "2"
     browser.get(url + "/travel?seq=999999999")
@@ -259,7 +264,7 @@ def test_a_write_without_the_csrf_token_is_refused(console, browser) -> None:
     browser.execute_script(
         "document.querySelectorAll('input[name=csrf]').forEach(e => e.value = 'forged')")
     browser.find_element(By.ID, "kick").click()
-    assert "CSRF token is missing or wrong" in text(browser, "#refused")
+    landed(browser, lambda d: "CSRF token is missing or wrong" in text(d, "#refused"))
     with client(srv) as c:
         assert c.stats_tube("guarded")["current-jobs-buried"] == 1
 
@@ -353,7 +358,7 @@ def test_the_analytics_report_fits_1400_pixels(console, browser) -> None:
     (reports / "latest.html").write_text(synthetic_report())
     browser.get(url + "/")
     browser.find_element(By.LINK_TEXT, "Report").click()
-    assert browser.title == "smallstalk job analytics"
+    landed(browser, lambda d: d.title == "smallstalk job analytics")
     widths = browser.execute_script(
         "const t = document.querySelector('.wide table');"
         "return [document.documentElement.scrollWidth, window.innerWidth,"
@@ -424,6 +429,7 @@ def test_a_worker_task_body_is_decoded(console, browser) -> None:
         jid = c.put(encode_call("mail.send_welcome", ["ada@example.org"], {"retry": True}))
     browser.get(url + f"/job/{jid}")
     browser.find_element(By.LINK_TEXT, "task").click()
+    landed(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#body td"))
     cells = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#body td")]
     assert cells == ["mail.send_welcome", "['ada@example.org']", "{'retry': True}"]
 
