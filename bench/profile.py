@@ -282,10 +282,13 @@ def render_cprofile(raw: Path, args, title: str, head: str, ops: int) -> str:
 
 # --- deterministic counts: what a turn does, in-process --------------------------------
 
-COUNT_WORKLOADS = ("put", "rd", "cycle", "put-unique")
+COUNT_WORKLOADS = ("put", "rd", "cycle", "put-unique", "handoff")
 # The commands one op sends, in order, one per turn (request/response).
+# `handoff`: a worker waits in `reserve`, a producer's put is handed to it in
+# the put's turn, the worker deletes it; `--per-turn` workers and as many
+# producers (a turn: the workers' commands, or the producers' puts).
 STEPS = {"put": ("put",), "rd": ("reserve", "delete"), "cycle": ("put", "reserve", "delete"),
-         "put-unique": ("put-unique",)}
+         "put-unique": ("put-unique",), "handoff": ("wait", "put", "delete")}
 PUT = b"put 1024 0 60 100\r\n" + b"x" * 100 + b"\r\n"
 
 
@@ -332,6 +335,8 @@ class _Conn:
             return loadgen.put_unique_command(b"k%d-%d" % (id(self), self.keys))
         if step == "reserve":
             return b"reserve-with-timeout 0\r\n"
+        if step == "wait":
+            return b"reserve\r\n"
         return b"delete %s\r\n" % self.job
 
 
@@ -363,6 +368,8 @@ async def _count_run(workload: str, per_turn: int, ops: int, mode: str, profile,
         async with trio.open_nursery() as nursery:
             await nursery.start(lp.run)
             conns = [_Conn(lp, Parser) for _ in range(per_turn)]
+            producers = [_Conn(lp, Parser) for _ in range(per_turn)] \
+                if workload == "handoff" else conns
 
             async def one_pass(sends: list, measured: bool) -> None:
                 nonlocal cpu, passes
@@ -393,7 +400,8 @@ async def _count_run(workload: str, per_turn: int, ops: int, mode: str, profile,
                     c.replies = []
             for i in range(8 + rounds):  # 8 ops' warm-up, then the measured ones
                 for step in steps:
-                    await one_pass([(c, c.next_command(step)) for c in conns], i >= 8)
+                    senders = producers if step == "put" else conns
+                    await one_pass([(c, c.next_command(step)) for c in senders], i >= 8)
             nursery.cancel_scope.cancel()
     finally:
         if journal is not None:

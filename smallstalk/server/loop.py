@@ -683,7 +683,7 @@ class MutationLoop(Roles):
                     if s.batch:
                         reply, s.batch = dispatch.batch_reply(self, cid, job, s.batch), 0
                     else:
-                        self.log(r.Reserve, cid, job.id)
+                        self.log_job(st.apply_reserve, r.Reserve, cid, job.id)
                         reply = p.reserved(job.id, self.body_of(job))
                 except BodyError as e:
                     log.error("answering INTERNAL_ERROR: %s", e)
