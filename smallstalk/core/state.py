@@ -578,11 +578,17 @@ class State(Moves, Queries):
         self._conn(rec.conn, logged=False)
 
     def _wait_start(self, rec: r.WaitStart) -> None:
-        c = self._conn(rec.conn, logged=False)
+        self.start_wait(rec.conn, rec.deadline)
+
+    def start_wait(self, conn: int, deadline: int | None) -> None:
+        """`apply(WaitStart(0, time, conn, deadline))` without the record: a
+        wait is volatile (seq 0, never logged) and its time unused, so the
+        loop starts one without making the record (dispatch.reserve)."""
+        c = self._conn(conn, logged=False)
         if c.waiting:
             return
         c.waiting = True
-        c.wait_deadline = rec.deadline
+        c.wait_deadline = deadline
         self.waiting_n += 1
         self.waiters[c.id] = c
         for name in c.watch:
@@ -590,13 +596,13 @@ class State(Moves, Queries):
             self.waited.add(name)
         if c.reserved:
             self.waiters_holding.add(c.id)
-        if rec.deadline is not None:
+        if deadline is not None:
             h = self.wait_heap
             if len(h) > 2 * self.waiting_n + 64:  # mostly waits that ended: keep the live
                 h[:] = [(w.wait_deadline, w.id) for w in self.waiters.values()
                         if w.wait_deadline is not None]
                 heapq.heapify(h)
-            heapq.heappush(h, (rec.deadline, c.id))
+            heapq.heappush(h, (deadline, c.id))
 
     def _wait_stop(self, rec: r.WaitStop) -> None:
         c = self.conns.get(rec.conn)

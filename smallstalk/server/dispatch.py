@@ -224,8 +224,7 @@ def reserve(lp: Loop, s: Session, cmd: p.Reserve):
         return p.DEADLINE_SOON
     if cmd.timeout == 0 or s.halfclosed:
         return p.TIMED_OUT
-    deadline = None if cmd.timeout is None else now + cmd.timeout * NS
-    lp.volatile(r.WaitStart, s.id, deadline)
+    st.start_wait(s.id, None if cmd.timeout is None else now + cmd.timeout * NS)
     return BLOCK
 
 
@@ -244,7 +243,7 @@ def reserve_batch(lp: Loop, s: Session, cmd: p.ReserveBatch):
     if cmd.timeout == 0 or s.halfclosed:
         return p.TIMED_OUT
     s.batch = cmd.count
-    lp.volatile(r.WaitStart, s.id, lp.now + cmd.timeout * NS)
+    st.start_wait(s.id, lp.now + cmd.timeout * NS)
     return BLOCK
 
 

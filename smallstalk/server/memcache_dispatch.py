@@ -238,7 +238,7 @@ def mc_get(lp: dispatch.Loop, s: Session, cmd: m.McGet):
             return m.END
         _watch_only(lp, s, cmd.queue)
         s.dialect.waits_for(key, mode)
-        lp.volatile(r.WaitStart, s.id, lp.now + cmd.timeout_ms * MS)
+        lp.state.start_wait(s.id, lp.now + cmd.timeout_ms * MS)
         return dispatch.BLOCK
     except Unavailable:
         return UNAVAILABLE
