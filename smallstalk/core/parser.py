@@ -594,9 +594,9 @@ class Parser:
         a repeat of the last put line with its body, a put-unique with its
         body whose line after the key repeats the last put-unique's, or one
         line whose only CR is its CRLF and that fits the window (so `events`
-        would find the same line end). Anything else, and a line that starts a put, goes the
-        general way (tests/unit/test_protocol.py holds the two to the same
-        events)."""
+        would find the same line end). Anything else, and a line that starts
+        a put, goes the general way (tests/unit/test_protocol.py holds the two
+        to the same events)."""
         mode = self._mode
         if mode == _LINE and not self._buf:
             n = len(data)
