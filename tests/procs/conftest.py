@@ -2,7 +2,10 @@
 test_replay_tool, test_job_history, test_history_reader) the scenario's data
 directory, made once per session, and the same history folded away by the
 compactor; for the HA tests (test_failover, test_policies) a one-member etcd
-(`store`) and three-member clusters on it with a short lease (`cluster_factory`)."""
+(`store`) and three-member clusters on it with a short lease (`cluster_factory`);
+for the analytics tests (test_analytics, test_analytics_cluster) the scripted
+workload and its one in-process `smallstalk analyze` run
+(tests/support/analytics_script.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,11 @@ import pytest
 
 from smallstalk.storage import aof
 
+from ..support.analytics_script import (  # noqa: F401 (session fixtures, used by name)
+    analytics_run,
+    analytics_spark,
+    analytics_workload,
+)
 from ..support.hacluster import start_cluster, start_etcd
 from ..support.procs import start_smallstalk
 from ..support.toollogs import run_scenario, wait_until

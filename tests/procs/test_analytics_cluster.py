@@ -10,11 +10,15 @@ The nodes' Python has only what the docs tell a user to install there
 executors lack, a path only the driver can read (the data directories are
 given relative to the driver's working directory, and the executors run in
 their own) or a missing file breaks this test, not a user's cluster run.
-Every output table must equal, row for row, that of a `local[*]` run over the
-same input. The one-line errors: a master that cannot be reached, and
-executors that cannot import smallstalk (the zip not passed).
+The input is test_analytics's scripted workload (tests/support/analytics_script.py:
+five data directories, one of them a snapshot with the segments it covers),
+and every output table, the summary and the printed table must equal, row
+for row, those of its one in-process local run, made once per session. The
+one-line errors: a master that cannot be reached, and executors that cannot
+import smallstalk (the zip not passed), over a generated input.
 
-SMALLSTALK_SPARK_RECORDS sets the input size (records over two servers).
+SMALLSTALK_SPARK_RECORDS sets the generated input's size (records over two
+servers).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ pytest.importorskip("pyarrow")
 import pyarrow as pa  # noqa: E402
 import pyarrow.dataset as ds  # noqa: E402
 
+from ..support.analytics_script import SERVERS  # noqa: E402
 from ..support.procs import REPO, free_port  # noqa: E402
 from ..support.sparkcluster import (  # noqa: E402
     SparkCluster,
@@ -67,7 +72,7 @@ def tmp(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(tmp) -> Iterator[SparkCluster]:
-    c = start_cluster(tmp, workers=1, cores=2)  # its JVMs start while the input is made and local mode runs
+    c = start_cluster(tmp, workers=1, cores=2)  # its JVMs start while the inputs are made
     try:
         yield c
     finally:
@@ -106,18 +111,12 @@ def canonical(rows: list[dict[str, Any]]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def local_run(tmp, setup) -> dict[str, Any]:
-    started = time.monotonic()
-    rc, out, err = run_logged(
-        [sys.executable, "-m", "smallstalk", "analyze", *setup["servers"], "--out",
-         "out-local", "--report", "local.html", "--master", "local[*]"],
-        env=setup["env"], cwd=tmp, log=tmp / "local.err", timeout=900)
-    assert rc == 0, err
-    return dict(out=tmp / "out-local", stdout=out, seconds=time.monotonic() - started)
-
-
-@pytest.fixture(scope="module")
-def cluster_run(tmp, setup, cluster) -> dict[str, Any]:
+def cluster_run(tmp, setup, cluster, analytics_workload) -> dict[str, Any]:
+    """The scripted workload of test_analytics, analyzed on the cluster: its
+    in-process run (`analytics_run`, made once per session) is the local run
+    to compare with, so no second local run is needed."""
+    here = analytics_workload["tmp"]
+    shutil.copy(tmp / "smallstalk.zip", here / "smallstalk.zip")
     cluster.wait_ready()
     started = time.monotonic()
     # The command of docs/ANALYTICS.md, "On a standalone cluster", as a user types it.
@@ -125,16 +124,17 @@ def cluster_run(tmp, setup, cluster) -> dict[str, Any]:
            "--conf", f"spark.pyspark.python={setup['python']}",
            "--py-files", "smallstalk.zip",
            str(REPO / "smallstalk" / "analytics" / "submit.py"),
-           *setup["servers"], "--out", "out-cluster", "--report", "cluster.html"]
-    rc, out, err = run_logged(cmd, env=setup["env"], cwd=tmp, log=tmp / "cluster.err",
+           *SERVERS, "--out", "out-cluster", "--report", "cluster.html"]
+    rc, out, err = run_logged(cmd, env=setup["env"], cwd=here, log=tmp / "cluster.err",
                               timeout=900)
     assert rc == 0, f"{err[-6000:]}\n{cluster.log()}"
-    return dict(out=tmp / "out-cluster", stdout=out, stderr=err,
-                seconds=time.monotonic() - started)
+    return dict(out=here / "out-cluster", html=(here / "cluster.html").read_text(), stdout=out,
+                stderr=err, seconds=time.monotonic() - started)
 
 
-def test_cluster_run_equals_local_run_row_for_row(cluster, local_run, cluster_run,
+def test_cluster_run_equals_local_run_row_for_row(cluster, analytics_run, cluster_run,
                                                   tmp) -> None:
+    local_run = analytics_run
     # The executor did the work: the worker ran an executor of the application, and it
     # finished tasks (an executor's log is in its worker's --work-dir).
     assert cluster.state()["completedapps"], "no application ran on the cluster"
@@ -147,17 +147,17 @@ def test_cluster_run_equals_local_run_row_for_row(cluster, local_run, cluster_ru
         assert len(got) == len(want), name
         assert canonical(got) == canonical(want), name
     jobs = table(cluster_run["out"], "jobs")
-    assert {j["server"] for j in jobs} == {"server-1", "server-2"}
+    assert {j["server"] for j in jobs} == set(SERVERS)
     summary = json.loads((cluster_run["out"] / "summary.json").read_text())
-    assert summary == json.loads((local_run["out"] / "summary.json").read_text())
+    assert summary == local_run["summary"]
     # The printed table (spark-submit merges the driver's stderr, the progress, into stdout).
     progress = re.compile(r"^\[\d\d:\d\d\] ")
     printed = [x for x in cluster_run["stdout"].splitlines() if not progress.match(x)]
     assert printed == local_run["stdout"].splitlines()
-    page = (tmp / "cluster.html").read_text()
-    assert page.count("<svg") >= 4 and "Tube tube-0" in page
-    print(f"cluster {cluster_run['seconds']:.0f}s, local[*] {local_run['seconds']:.0f}s, "
-          f"{RECORDS} records")
+    page = cluster_run["html"]
+    assert page.count("<svg") >= 4 and "Tube emails" in page
+    print(f"cluster {cluster_run['seconds']:.0f}s over the scripted workload "
+          f"({', '.join(SERVERS)})")
 
 
 def test_executors_that_lack_smallstalk_get_one_line(tmp, setup, cluster) -> None:
