@@ -33,6 +33,17 @@ class TubeKeys:
         self.keys_max = 0  # retained keys kept at most (the last keyed put's)
         self.dropped_n = 0  # retained keys dropped before their window ended (the bound)
 
+    def holder(self, key: str, now: int) -> int | None:
+        """The id of the job `key` made, if a put with it at `now` is a
+        duplicate: its job exists, or went less than the window ago."""
+        jid = self.live.get(key)
+        if jid is not None:
+            return jid
+        held = self.gone.get(key)
+        if held is not None and now < held[1]:
+            return held[0]
+        return None
+
     def prune(self, now: int) -> None:
         """Forget retained keys whose window ended, then the oldest past the bound."""
         gone = self.gone
@@ -64,15 +75,7 @@ class KeyIndex:
     def find(self, tube: str, key: str, now: int) -> int | None:
         """The id of the job `key` made in `tube`, if a put with it now changes nothing."""
         k = self.tubes.get(tube)
-        if k is None:
-            return None
-        jid = k.live.get(key)
-        if jid is not None:
-            return jid
-        held = k.gone.get(key)
-        if held is not None and now < held[1]:
-            return held[0]
-        return None
+        return None if k is None else k.holder(key, now)
 
     def key_of(self, jid: int) -> tuple[str, str] | None:
         """(tube, key) of a job that was put with a key and still exists."""
@@ -93,12 +96,11 @@ class KeyIndex:
         if k is None:
             k = self.tubes[tube] = TubeKeys()
         else:
-            gone = k.gone
-            if key in k.live or (key in gone and now < gone[key][1]):
+            if k.holder(key, now) is not None:
                 raise StateError(f"key {key!r} of tube {tube!r} is taken: "
                                  "the put was a duplicate")
-            if gone:
-                gone.pop(key, None)  # its window had passed
+            if k.gone:
+                k.gone.pop(key, None)  # its window had passed
         k.window = window
         k.keys_max = keys_max
         k.live[key] = jid
