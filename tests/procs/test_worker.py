@@ -241,8 +241,9 @@ def test_frozen_worker_job_comes_back_after_ttr(server: Server, workers) -> None
         w = workers(addr_of(server))
         assert results(c, 1) == ["started:f"]
         started = time.monotonic()
-        job = c.reserve(timeout=6, tubes=["default"])
-        assert job.id == ref.id and time.monotonic() - started < 4
+        # Generous: a loaded 2-core machine once took more than 2 s past the TTR.
+        job = c.reserve(timeout=10, tubes=["default"])
+        assert job.id == ref.id and time.monotonic() - started < 8
         assert c.stats_job(job).timeouts == 1
         w.signal(signal.SIGKILL)
         w.signal(signal.SIGCONT)
