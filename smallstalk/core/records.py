@@ -34,8 +34,8 @@ def _tuple(xs) -> tuple:
 
 # 2: PutJobs, Expire, DeleteTube; snapshot items for big tubes. 3: `jobs` items. 4: FlushTube.
 # 5: PutUnique, `keys` snapshot items. 6: Requeue, Limits, Fire; `limit`, `schedule`, `hold`
-# 7: Move
-FORMAT_VERSION = 7
+# 7: Move. 8: PutUnique's compact form (code 26).
+FORMAT_VERSION = 8
 
 
 @frozen
@@ -458,13 +458,38 @@ def to_list(rec: Record) -> list:
     return [cls.CODE, *_GETTERS[cls](rec)]
 
 
+# The everyday PutUnique (one job, in the tube put into, no expiry, nothing
+# dropped) is logged in a compact form of its own: its fields without the
+# arrays, which cost cbor2 more than all its scalars (docs/PERFORMANCE.md,
+# "Exactly-once enqueue (keys)"). It decodes to the same PutUnique.
+PUT_UNIQUE_ONE = 26
+PUT_UNIQUE_ONE_FIELDS = ("seq", "time", "conn", "tube", "key", "unique_for", "keys_max", "id",
+                         "pri", "delay", "ttr", "body")
+
+
+def put_unique_one(seq: int, time: int, conn: int, tube: str, key: str, unique_for: int,
+                   keys_max: int, id: int, pri: int, delay: int, ttr: int,
+                   body: bytes) -> PutUnique:
+    """The PutUnique that the compact form's fields stand for."""
+    return PutUnique(seq, time, conn, tube, key, unique_for, keys_max, ((id, tube),), pri,
+                     delay, ttr, 0, (), body)
+
+
 def encode(rec: Record) -> bytes:
+    if type(rec) is PutUnique and not rec.expires and not rec.dropped and len(rec.jobs) == 1 \
+            and rec.jobs[0][1] == rec.tube:
+        return cbor2.dumps([PUT_UNIQUE_ONE, rec.seq, rec.time, rec.conn, rec.tube, rec.key,
+                            rec.unique_for, rec.keys_max, rec.jobs[0][0], rec.pri, rec.delay,
+                            rec.ttr, rec.body])
     return cbor2.dumps(to_list(rec))
 
 
 def from_list(items: list) -> Record:
     try:
-        cls = BY_CODE[items[0]]
+        code = items[0]
+        if code == PUT_UNIQUE_ONE and type(code) is int:
+            return put_unique_one(*items[1:])
+        cls = BY_CODE[code]
         return cls(*items[1:])
     except (KeyError, TypeError, IndexError) as e:
         raise DecodeError(f"not a record: {items!r:.200}") from e

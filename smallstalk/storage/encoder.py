@@ -44,10 +44,10 @@ class LiveEncoder:
                    unique_for: int, keys_max: int, id: int, pri: int, delay: int, ttr: int,
                    body: bytes) -> bytes:
         """`records.encode(PutUnique(...))` of the everyday keyed put: one job, in the
-        tube put into, nothing dropped, no expiry."""
+        tube put into, nothing dropped, no expiry (the record's compact form)."""
         buf = self._buf
         buf.seek(0)
         buf.truncate()
-        self._enc.encode([r.PutUnique.CODE, seq, time, conn, tube, key, unique_for, keys_max,
-                          [[id, tube]], pri, delay, ttr, 0, [], body])
+        self._enc.encode([r.PUT_UNIQUE_ONE, seq, time, conn, tube, key, unique_for, keys_max,
+                          id, pri, delay, ttr, body])
         return buf.getvalue()

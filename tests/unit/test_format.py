@@ -218,6 +218,41 @@ def test_record_table_matches_the_code() -> None:
         check_fields(cls, fields)
 
 
+COMPACT_ROWS = table("code", "form of", "fields")  # DOC_COMPACT, as rows
+
+
+def test_compact_forms_match_the_code() -> None:
+    """Each compact form: its code is no record type's, its documented fields are
+    the code's, it decodes to the named record, and `encode` writes that record
+    in it (and a record that does not fit it in the record's own code)."""
+    assert [int(row[0]) for row in COMPACT_ROWS] == [records.PUT_UNIQUE_ONE]
+    code, name, cell = COMPACT_ROWS[0]
+    fields = doc_fields(cell)
+    assert int(code) not in records.BY_CODE and name.strip("`") == "PutUnique"
+    assert tuple(f for f, _, _ in fields) == records.PUT_UNIQUE_ONE_FIELDS
+    doc = {f: (typ, unit) for f, typ, unit in DOC_RECORDS[records.PutUnique.CODE][2]}
+    doc["id"] = ("uint", None)
+    assert all(doc[f] == (typ, unit) for f, typ, unit in fields)
+    now = 1_795_939_912 * NS
+    values = dict(seq=7, time=now, conn=3, tube="orders", key="k-1", unique_for=3600,
+                  keys_max=100, id=42, pri=1024, delay=0, ttr=60, body=b"payload")
+    rec = records.from_list([int(code), *(values[f] for f, _, _ in fields)])
+    assert rec == records.PutUnique(7, now, 3, "orders", "k-1", 3600, 100, ((42, "orders"),),
+                                    1024, 0, 60, 0, (), b"payload")
+    payload = records.encode(rec)
+    assert records.decode_list(payload)[0] == int(code) and records.decode(payload) == rec
+    assert payload.endswith(b"payload")  # the body stays last: its bytes end the frame
+    for other in (attrs.evolve(rec, expires=now + 1), attrs.evolve(rec, dropped=(1,)),
+                  attrs.evolve(rec, jobs=((42, "orders"), (43, "orders+audit"))),
+                  attrs.evolve(rec, jobs=((42, "elsewhere"),))):
+        payload = records.encode(other)
+        assert records.decode_list(payload)[0] == records.PutUnique.CODE
+        assert records.decode(payload) == other
+    for bad in ([int(code), *list(values.values())[:-1]], [float(code), *values.values()]):
+        with pytest.raises(records.DecodeError):
+            records.from_list(bad)
+
+
 def test_volatile_table_matches_the_code() -> None:
     volatile = {
         name: obj for name, obj in vars(records).items()
@@ -343,16 +378,29 @@ def read_segment_doc(path: Path, version: int = 1) -> tuple[int, list[dict[str, 
     for _offset, payload in frames:
         item = cbor2.loads(payload)
         assert isinstance(item, list), path
-        op, _cls, fields = DOC_RECORDS[item[0]]
+        compact = item[0] in DOC_COMPACT
+        op, _cls, fields = (DOC_RECORDS[records.PutUnique.CODE][0], None,
+                            DOC_COMPACT[item[0]]) if compact else DOC_RECORDS[item[0]]
         assert len(item) == 1 + len(fields), (path, item)
         rec: dict[str, Any] = {"op": op}
         for (name, typ, _unit), value in zip(fields, item[1:], strict=True):
             assert TYPE_CHECKS[typ](value), f"{op}.{name} = {value!r} is not {typ}"
             rec[name] = value
-        out.append(rec)
+        out.append(put_unique_of_compact(rec) if compact else rec)
     seqs = [r["seq"] for r in out]
     assert seqs == list(range(first, first + len(out))), f"{path}: seqs {seqs} from {first}"
     return first, out
+
+
+DOC_COMPACT = {int(code): doc_fields(cell) for code, _form, cell in table("code", "form of", "fields")}
+
+
+def put_unique_of_compact(rec: dict[str, Any]) -> dict[str, Any]:
+    """The README's compact PutUnique (26) as the record it stands for: `jobs` is
+    `[[id, tube]]`, `expires` 0, `dropped` empty, in the record table's order."""
+    full = {**rec, "jobs": [[rec["id"], rec["tube"]]], "expires": 0, "dropped": []}
+    names = [name for name, _typ, _unit in DOC_RECORDS[records.PutUnique.CODE][2]]
+    return {"op": rec["op"], **{name: full[name] for name in names}}
 
 
 def byte_string_head(n: int) -> int:
