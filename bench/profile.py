@@ -282,13 +282,17 @@ def render_cprofile(raw: Path, args, title: str, head: str, ops: int) -> str:
 
 # --- deterministic counts: what a turn does, in-process --------------------------------
 
-COUNT_WORKLOADS = ("put", "rd", "cycle", "put-unique", "handoff")
+COUNT_WORKLOADS = ("put", "rd", "cycle", "put-unique", "handoff", "rd-batch")
 # The commands one op sends, in order, one per turn (request/response).
 # `handoff`: a worker waits in `reserve`, a producer's put is handed to it in
 # the put's turn, the worker deletes it; `--per-turn` workers and as many
 # producers (a turn: the workers' commands, or the producers' puts).
+# `rd-batch`: `reserve-batch BATCH 0`, then its BATCH deletes in one read; an
+# op is those BATCH jobs, a "command" one of the two reads.
 STEPS = {"put": ("put",), "rd": ("reserve", "delete"), "cycle": ("put", "reserve", "delete"),
-         "put-unique": ("put-unique",), "handoff": ("wait", "put", "delete")}
+         "put-unique": ("put-unique",), "handoff": ("wait", "put", "delete"),
+         "rd-batch": ("batch", "deletes")}
+BATCH = 10
 PUT = b"put 1024 0 60 100\r\n" + b"x" * 100 + b"\r\n"
 
 
@@ -304,6 +308,7 @@ class _Conn:
         self.replies: list[bytes] = []
         self.session = lp.open_session(self.deliver)
         self.job = b""
+        self.jobs: list[bytes] = []  # rd-batch: the ids of the last batch
         self.keys = 0  # put-unique: keys used so far
 
     def deliver(self, blob: bytes, done: bool, close: bool) -> None:
@@ -328,6 +333,8 @@ class _Conn:
         replies, self.replies = b"".join(self.replies), []
         if replies.startswith(b"RESERVED "):
             self.job = replies.split(b" ", 2)[1]
+        elif replies.startswith(b"RESERVED_BATCH "):
+            self.jobs = re.findall(rb"RESERVED (\d+) ", replies)
         if step == "put":
             return PUT
         if step == "put-unique":  # a new key each, as bench/loadgen.py's workload
@@ -337,6 +344,10 @@ class _Conn:
             return b"reserve-with-timeout 0\r\n"
         if step == "wait":
             return b"reserve\r\n"
+        if step == "batch":
+            return b"reserve-batch %d 0\r\n" % BATCH
+        if step == "deletes":
+            return b"".join(b"delete %s\r\n" % j for j in self.jobs)
         return b"delete %s\r\n" % self.job
 
 
@@ -394,8 +405,9 @@ async def _count_run(workload: str, per_turn: int, ops: int, mode: str, profile,
                     passes += 1
 
             await one_pass([], False)  # the sessions open
-            if workload == "rd":  # jobs to consume: one pipelined put per client
-                await one_pass([(c, PUT * (rounds + 8)) for c in conns], False)
+            if workload in ("rd", "rd-batch"):  # jobs to consume: pipelined puts per client
+                per_op = BATCH if workload == "rd-batch" else 1
+                await one_pass([(c, PUT * ((rounds + 8) * per_op)) for c in conns], False)
                 for c in conns:
                     c.replies = []
             for i in range(8 + rounds):  # 8 ops' warm-up, then the measured ones

@@ -258,6 +258,7 @@ def batch_reply(lp: Loop, cid: int, job, count: int) -> bytes:
     reservation (the TTR gives it back); a batch hands out no job it cannot
     carry. Never raises BodyError (the grant resets the batch afterwards)."""
     out = []
+    reserve = lp.state.apply_reserve  # `log(r.Reserve, ...)`'s change, without the record
     while True:
         try:
             body = lp.body_of(job)
@@ -269,7 +270,7 @@ def batch_reply(lp: Loop, cid: int, job, count: int) -> bytes:
                       job.id, e)
             lp.volatile(r.WaitStop, cid)
             return p.INTERNAL_ERROR
-        lp.log(r.Reserve, cid, job.id)
+        lp.log_job(reserve, r.Reserve, cid, job.id)
         out.append((job.id, body))
         if len(out) >= count:
             break
