@@ -91,6 +91,8 @@ RECORD_ROWS = table("code", "op", "class", "fields")
 DOC_RECORDS = {  # code -> (op, class name, [(field, type, unit)])
     int(code): (op, cls.strip("`"), doc_fields(fields)) for code, op, cls, fields in RECORD_ROWS
 }
+COMPACT_ROWS = table("code", "form of", "fields")  # a record's compact forms
+DOC_COMPACT = {int(code): doc_fields(cell) for code, _form, cell in COMPACT_ROWS}
 DOC_VOLATILE = {
     row[0].strip("`"): doc_fields(row[1]) for row in table("class", "fields", "meaning")
 }
@@ -216,9 +218,6 @@ def test_record_table_matches_the_code() -> None:
         assert records.OP_NAMES[cls] == op
         assert records.FIELDS[cls] == tuple(f for f, _, _ in fields)
         check_fields(cls, fields)
-
-
-COMPACT_ROWS = table("code", "form of", "fields")  # DOC_COMPACT, as rows
 
 
 def test_compact_forms_match_the_code() -> None:
@@ -390,9 +389,6 @@ def read_segment_doc(path: Path, version: int = 1) -> tuple[int, list[dict[str, 
     seqs = [r["seq"] for r in out]
     assert seqs == list(range(first, first + len(out))), f"{path}: seqs {seqs} from {first}"
     return first, out
-
-
-DOC_COMPACT = {int(code): doc_fields(cell) for code, _form, cell in table("code", "form of", "fields")}
 
 
 def put_unique_of_compact(rec: dict[str, Any]) -> dict[str, Any]:
