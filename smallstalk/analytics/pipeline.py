@@ -8,8 +8,9 @@ same on a laptop in local mode and on a cluster, and only small aggregates
 **Job events.** Records that name jobs (put, reserve, delete, release, bury,
 touch; kick, promote and timeout exploded to one row per id) and snapshot job
 rows, keyed by (server, id): job ids are unique only within one server. A
-put-jobs (format 2) is a "put" per job it made (a fanout copy is a job of its
-own) and a "discard" per job it dropped from a full tube; an expire is an
+put-jobs (format 2), and a put-unique (format 5, a keyed put) alike, is a
+"put" per job it made (a fanout copy is a job of its own) and a "discard"
+per job it dropped from a full tube; an expire is an
 "expire" per job it deleted and a "move" per job it moved to a dead-letter
 tube, where the job's life goes on.
 
@@ -82,6 +83,7 @@ WINDOWS = {"minute": 60 * NS, "hour": 3_600 * NS}
 QUANTILES = (0.5, 0.95, 0.99)
 JOB_OPS = ("put", "reserve", "delete", "release", "bury", "touch", "snapshot")
 MULTI_OPS = ("kick", "promote", "timeout")
+PUT_JOBS_OPS = ("put-jobs", "put-unique")  # records whose `jobs` it made and `dropped`
 IMPLICIT_OPS = ("disconnect", "restart")
 EXPIRY_OPS = ("expire", "move")  # an Expire record's job: deleted, or moved to `to_tube`
 ENDS = ("deleted", "expired", "discarded")  # states a job's life ends in
@@ -130,8 +132,8 @@ def ns_timestamp(c: Column) -> Column:
 def job_events(records: DataFrame) -> DataFrame:
     """One row per (job, record naming it); snapshot rows included.
 
-    A put-jobs is a "put" row per job it made (each fanout copy is a job of its
-    own) and a "discard" row per job it dropped; an expire is an "expire" row
+    A put-jobs or a put-unique is a "put" row per job it made (each fanout copy
+    is a job of its own) and a "discard" row per job it dropped; an expire is an "expire" row
     (the job is deleted) or a "move" row (it goes on, ready, in `to_tube`) per job;
     a flush-tube is a "delete" row per job it names.
     """
@@ -139,7 +141,7 @@ def job_events(records: DataFrame) -> DataFrame:
     single = records.where(col("op").isin(*JOB_OPS)).select("server", "id", *cols)
     multi = (records.where(col("op").isin(*MULTI_OPS))
              .select("server", F.explode("ids").alias("id"), "seq", "time", "op", "conn"))
-    put_jobs = records.where(col("op") == "put-jobs")
+    put_jobs = records.where(col("op").isin(*PUT_JOBS_OPS))
     made = (put_jobs.select("server", F.explode("jobs").alias("j"), "seq", "time", "conn", "pri",
                             "delay", "ttr", "body_size")
             .select("server", col("j.id").alias("id"), "seq", "time", F.lit("put").alias("op"),

@@ -85,14 +85,15 @@ COLUMNS: tuple[tuple[str, pa.DataType, str, str], ...] = (
     ("time", pa.int64(), "BIGINT", "wall-clock time of the record, ns since the epoch"),
     ("op", pa.string(), "STRING", "put, reserve, delete, release, bury, touch, kick, use, watch, "
                                   "ignore, pause-tube, disconnect, promote, timeout, restart, "
-                                  "new-epoch, put-jobs, expire, delete-tube; snapshot"),
+                                  "new-epoch, put-jobs, expire, delete-tube, flush-tube, "
+                                  "put-unique, requeue, limits, fire, move; snapshot"),
     ("conn", pa.int64(), "BIGINT", "connection id (null for promote/timeout/restart/expire)"),
     ("id", pa.int64(), "BIGINT", "job id (put, reserve, delete, release, bury, touch, snapshot)"),
     ("ids", pa.list_(pa.int64()), "ARRAY<BIGINT>", "job ids (kick, promote, timeout)"),
     ("jobs", JOBS_TYPE, "ARRAY<STRUCT<id: BIGINT, tube: STRING>>",
-     "the jobs a put-jobs made: the tube put into, then its fanout copies"),
+     "the jobs a put-jobs or put-unique made: the tube put into, then its fanout copies"),
     ("dropped", pa.list_(pa.int64()), "ARRAY<BIGINT>",
-     "ready jobs a put-jobs discarded to make room in a full tube"),
+     "ready jobs a put-jobs or put-unique discarded to make room in a full tube"),
     ("moves", MOVES_TYPE, "ARRAY<STRUCT<id: BIGINT, to: STRING, expires: BIGINT>>",
      "expire: each job that expired, deleted (to = '') or moved to tube `to`, with its new "
      "expiry time (ns, 0 = never)"),

@@ -162,10 +162,11 @@ def test_known_answers_from_the_script(analyzed, workload) -> None:
 
 @needs_java
 def test_known_answers_of_big_tubes(analyzed, workload) -> None:
-    """epsilon: fanout copies, a discard, an expiry that deletes and two that move a job."""
+    """epsilon: fanout copies, a discard, an expiry that deletes and two that move a job,
+    and keyed puts (put-unique: its jobs are puts like any other, a repeat is nothing)."""
     jobs = {i: j for (s, i), j in spark_jobs(analyzed).items() if s == "epsilon"}
     g = workload["groups"]
-    assert len(jobs) == 4 + 3 + 1 + 2 + 2  # orders, copies, sessions, invoices, junk
+    assert len(jobs) == 4 + 3 + 1 + 2 + 2 + 2  # orders, copies, sessions, invoices, junk, keyed
     assert {jobs[i]["tube"] for i in g["o_copies"]} == {"orders+audit"}
     assert {jobs[i]["origin"] for i in g["o_copies"]} == {"put"}
     (gone,) = g["o_discarded"]
@@ -188,7 +189,13 @@ def test_known_answers_of_big_tubes(analyzed, workload) -> None:
     for flushed in g["f_flushed"]:  # flush-tube: a delete of each job it names
         assert [e["op"] for e in jobs[flushed]["events"]] == ["put", "delete"]
         assert jobs[flushed]["state"] == "deleted"
+    (kd,), (kr,) = g["k_done"], g["k_ready"]
+    assert [(e["op"], e["tube"]) for e in jobs[kd]["events"]] == [
+        ("put", "keyed"), ("reserve", "keyed"), ("delete", "keyed")]
+    assert (jobs[kd]["origin"], jobs[kd]["tube"], jobs[kd]["state"]) == ("put", "keyed", "deleted")
+    assert (jobs[kr]["origin"], jobs[kr]["state"], len(jobs[kr]["events"])) == ("put", "ready", 1)
     summary = {t["tube"]: t for t in analyzed["summary"]["tubes"]}
+    assert (summary["keyed"]["jobs"], summary["keyed"]["deleted"]) == (2, 1)
     assert (summary["junk"]["jobs"], summary["junk"]["deleted"]) == (2, 2)
     assert (summary["orders"]["jobs"], summary["orders"]["discarded"]) == (4, 1)
     assert (summary["sessions"]["expired"], summary["invoices"]["expiries"]) == (1, 2)
@@ -290,7 +297,7 @@ def test_tube_summary_matches_the_reference(analyzed, workload) -> None:
     minutes = reference_windows(ref, 60 * NS, workload["end"])
     got = {t["tube"]: t for t in analyzed["summary"]["tubes"]}
     assert set(got) == {"emails", "images", "reports", "orders", "orders+audit", "sessions",
-                        "invoices", "dead", "junk"}
+                        "invoices", "dead", "junk", "keyed"}
     for tube, s in got.items():
         jobs = [j for j in ref.values() if j["tube"] == tube]  # by the tube put into
         # attempt figures by the tube reserved from
@@ -369,7 +376,7 @@ def test_printed_summary_and_html_report(analyzed) -> None:
     # chart, and the throughput chart leaves out the window the data ends inside: a tube
     # whose events all fall in that window has none.
     tubes = analyzed["summary"]["tubes"]
-    assert len(tubes) == 9 and sum(t["attempts"] == 0 for t in tubes) == 3
+    assert len(tubes) == 10 and sum(t["attempts"] == 0 for t in tubes) == 3
     throughput = page.count("<figcaption>Throughput per")
     assert throughput + page.count("no complete minute yet") == len(tubes)
     assert page.count("<svg") == sum(3 if t["attempts"] else 1 for t in tubes) + throughput

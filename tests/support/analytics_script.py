@@ -186,6 +186,13 @@ def script_epsilon(tmp: Path, data: Path) -> dict[str, list[int]]:
             run(p, [b"use junk\r\n"], b"USING")
             g["f_flushed"] = puts(p, 2)
             run(p, [b"flush-tube junk\r\n"], b"FLUSHED")  # one record deletes both
+            run(p, [b"use keyed\r\n"], b"USING")
+            k = run(p, [b"put-unique order-1 100 0 60 3\r\nk-1\r\n",
+                        b"put-unique order-1 100 0 60 3\r\nk-1\r\n",  # a repeat: no record
+                        b"put-unique order-2 100 0 60 3\r\nk-2\r\n"],
+                    (b"INSERTED", b"DUPLICATE", b"INSERTED"))
+            g["k_done"], g["k_ready"] = [k[0].id], [k[2].id]
+            done(w, g["k_done"])
     finally:
         srv.stop()
     return g
@@ -268,7 +275,7 @@ def reference_jobs(data_dir: Path, server: str) -> dict[tuple[str, int], dict[st
                 ids, op = list(rec.ids), r.OP_NAMES[t]
             elif t in (r.Put, r.Reserve, r.Delete, r.Release, r.Bury, r.Touch):
                 ids, op = [rec.id], r.OP_NAMES[t]
-            elif t is r.PutJobs:  # a put per job made (fanout copies too), then the drops
+            elif t in (r.PutJobs, r.PutUnique):  # a put per job made (copies too), the drops
                 ids, op = [i for i, _tube in rec.jobs] + list(rec.dropped), "put"
             elif t is r.Expire:
                 ids, op = [i for i, _to, _e in rec.moves], "expire"
@@ -283,12 +290,12 @@ def reference_jobs(data_dir: Path, server: str) -> dict[tuple[str, int], dict[st
             made = {}  # job id -> tube, for the jobs this record makes
             if t is r.Put:
                 made = {rec.id: rec.tube}
-            elif t is r.PutJobs:
+            elif t in (r.PutJobs, r.PutUnique):
                 made = dict(rec.jobs)
             moved_to = {i: to for i, to, _e in rec.moves} if t is r.Expire else {}
             for i in ids:
                 ev_op = op
-                if t is r.PutJobs and i in rec.dropped:
+                if t in (r.PutJobs, r.PutUnique) and i in rec.dropped:
                     ev_op = "discard"
                 elif t is r.Expire and moved_to[i]:
                     ev_op = "move"
