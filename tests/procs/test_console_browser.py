@@ -7,12 +7,15 @@ Skipped only where the browser or the console extra is not installed.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import greenstalk
 import pytest
@@ -35,7 +38,10 @@ from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
 
-IMG = REPO / "docs" / "img"
+# The screenshots docs/img holds: written there only when asked
+# (SMALLSTALK_SCREENSHOTS=docs/img), so that a test run leaves the tree as it was.
+IMG = (REPO / os.environ["SMALLSTALK_SCREENSHOTS"] if os.environ.get("SMALLSTALK_SCREENSHOTS")
+       else Path(tempfile.gettempdir()) / "smallstalk-screenshots")
 
 
 @pytest.fixture(scope="module")
