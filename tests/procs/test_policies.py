@@ -295,7 +295,12 @@ def test_schedules_fire_once_per_period_and_limits_hold_across_an_automatic_fail
         gap = range(before[-1][0] + PERIOD, after[0][0], PERIOD)  # not recorded at all
         assert all(p < promoted["time"] for p in gap), (name, list(gap), promoted)
         assert len(late) == 1, f"{name}: missed {list(gap)}, recorded late {late}"
-        for x in mine:
+        # From the first job made on: a skip only where the failover missed one.
+        # (Before it, a period may pass between loading the schedule and the
+        # first election on a loaded machine: recorded as missed, as it should.)
+        first = next(i for i, x in enumerate(mine) if x[1])
+        assert all(x[1] == 0 and catch_up == "none" for x in mine[:first]), (name, mine)
+        for x in mine[first:]:
             assert (x[1] == 0) == (x in late and catch_up == "none"), (name, x, promoted)
         assert all(b - a == PERIOD for a, b in zip(ats, ats[1:], strict=False)
                    if b <= before[-1][0] or a >= after[0][0]), (name, ats)
