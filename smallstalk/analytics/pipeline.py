@@ -10,9 +10,14 @@ touch; kick, promote and timeout exploded to one row per id) and snapshot job
 rows, keyed by (server, id): job ids are unique only within one server. A
 put-jobs (format 2), and a put-unique (format 5, a keyed put) alike, is a
 "put" per job it made (a fanout copy is a job of its own) and a "discard"
-per job it dropped from a full tube; an expire is an
-"expire" per job it deleted and a "move" per job it moved to a dead-letter
-tube, where the job's life goes on.
+per job it dropped from a full tube, and a schedule's firing is a "put" of
+the job it made; an expire is an "expire" per job it deleted and a "move"
+per job it moved to a dead-letter tube, where the job's life goes on. A
+requeue (a tube's job policy ending reservations) is an event per job named
+by its cause ("timeout", "release", "disconnect"), in the state the policy
+chose: ready, delayed (a back-off), buried, or ready in a dead-letter tube
+(at an attempt limit); a move-job is a "move-job" event that takes the job,
+in the state it had, to another tube.
 
 **Origin.** A job whose put is in the log is followed from its put, and the
 snapshot row is not needed ("put"). A job without its put but in the
@@ -29,21 +34,25 @@ earliest Disconnect of that connection or Restart of that server after it is
 looked up (a join on (server, conn), and a broadcast per-server list of
 restarts). If it comes before the job's next own event (a touch does not end
 a reservation), the job got an implicit event there: op "disconnect" or
-"restart", the job back to ready.
+"restart", the job back to ready. In a tube with a job policy the log says
+where a closed connection's jobs went (a requeue, cause disconnect): that
+event is the job's "disconnect", and it counts as an implicit release too.
 
 **States.** Each event's state after it follows from the op alone (put and
 release: delayed if delay > 0 else ready; reserve, touch: reserved; bury:
 buried; kick, promote, timeout, disconnect, restart, move: ready; delete:
-deleted; expire: expired; discard: discarded), so after one sort by (server,
+deleted; expire: expired; discard: discarded), but for a requeue's, which
+its outcome gives, and a move-job's, the state it had; so after one sort by (server,
 id, seq) two window passes do the rest: one over the whole job (where its
 story starts, what to drop), one ordered (the state before each event, when
 the job entered it, what ended each reservation, the implicit events, the
 tube each event happens in: the put's until a move), then one aggregation
-per job.
+per job. A bury counted is a job going from reserved to buried, by `bury` or
+by a policy at an attempt limit.
 
 **Attempts** (one per reserve): `wait_ns` = reserve time - time the job
 entered the state it was reserved from (normally ready: put, release, promote,
-kick, timeout, disconnect, restart); `first_wait_ns` (first attempt only) =
+kick, timeout, disconnect, restart, a move); `first_wait_ns` (first attempt only) =
 reserve time - put time, delay included; `outcome` = what ended it (delete,
 release, bury, timeout, disconnect, restart, or open); `run_ns` = end time -
 reserve time. Run-time percentiles use attempts ending in delete.
@@ -51,7 +60,7 @@ reserve time. Run-time percentiles use attempts ending in delete.
 **Windows** (minute, hour; UTC): per tube, throughput in (puts) and out
 (deletes), reserves, re-reserves (attempts after the first: duplicate work),
 releases, buries, kicks, timeouts, touches, implicit releases, expiries
-(deleted or moved out), discards, moves in (from an expiry elsewhere); wait,
+(deleted or moved out), discards, moves in (from another tube); wait,
 first-wait and run-time percentiles of the attempts that started in the
 window; and the backlog at the end of the window: jobs alive in the tube (put
 or moved in, and not yet deleted, expired, discarded or moved out) and how
@@ -77,6 +86,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from smallstalk.core.model import NS, STATE_NAMES
+from smallstalk.core.records import REQUEUE_DISCONNECT, REQUEUE_RELEASE, REQUEUE_TIMEOUT
 
 DAY_NS = 86_400 * NS
 WINDOWS = {"minute": 60 * NS, "hour": 3_600 * NS}
@@ -85,6 +95,9 @@ JOB_OPS = ("put", "reserve", "delete", "release", "bury", "touch", "snapshot")
 MULTI_OPS = ("kick", "promote", "timeout")
 PUT_JOBS_OPS = ("put-jobs", "put-unique")  # records whose `jobs` it made and `dropped`
 IMPLICIT_OPS = ("disconnect", "restart")
+# A requeue's event op, by its cause.
+REQUEUE_OPS = {REQUEUE_TIMEOUT: "timeout", REQUEUE_RELEASE: "release",
+               REQUEUE_DISCONNECT: "disconnect"}
 EXPIRY_OPS = ("expire", "move")  # an Expire record's job: deleted, or moved to `to_tube`
 ENDS = ("deleted", "expired", "discarded")  # states a job's life ends in
 COUNTED_OPS = (
@@ -133,9 +146,15 @@ def job_events(records: DataFrame) -> DataFrame:
     """One row per (job, record naming it); snapshot rows included.
 
     A put-jobs or a put-unique is a "put" row per job it made (each fanout copy
-    is a job of its own) and a "discard" row per job it dropped; an expire is an "expire" row
-    (the job is deleted) or a "move" row (it goes on, ready, in `to_tube`) per job;
-    a flush-tube is a "delete" row per job it names.
+    is a job of its own) and a "discard" row per job it dropped; a schedule's
+    firing that made a job is a "put" row (no connection); an expire is an
+    "expire" row (the job is deleted) or a "move" row (it goes on, ready, in
+    `to_tube`) per job; a flush-tube is a "delete" row per job it names. A
+    requeue is a row per job, its op the cause ("timeout", "release",
+    "disconnect") and `after` the state the tube's policy sent it to (with
+    `to_tube` for a dead-letter move); a move-job is a "move-job" row, the job
+    in `to_tube` in the state it had. Other rows leave `after` null: their op
+    decides (`_after_state`).
     """
     cols = ["seq", "time", "op", "conn", "tube", "pri", "delay", "ttr", "body_size", "snap"]
     single = records.where(col("op").isin(*JOB_OPS)).select("server", "id", *cols)
@@ -148,6 +167,9 @@ def job_events(records: DataFrame) -> DataFrame:
                     "conn", col("j.tube").alias("tube"), "pri", "delay", "ttr", "body_size"))
     dropped = put_jobs.select("server", F.explode("dropped").alias("id"), "seq", "time",
                               F.lit("discard").alias("op"), "conn")
+    fired = (records.where((col("op") == "fire") & (col("id") != 0))  # id 0: a skipped firing
+             .select("server", "id", "seq", "time", F.lit("put").alias("op"), "tube", "pri",
+                     "delay", "ttr", "body_size"))
     expired = (records.where(col("op") == "expire")
                .select("server", F.explode("moves").alias("m"), "seq", "time")
                .select("server", col("m.id").alias("id"), "seq", "time",
@@ -156,8 +178,23 @@ def job_events(records: DataFrame) -> DataFrame:
     flushed = (records.where(col("op") == "flush-tube")  # each job it names is deleted
                .select("server", F.explode("ids").alias("id"), "seq", "time",
                        F.lit("delete").alias("op"), "conn"))
+    o = col("o")
+    at_limit = o["reason"] != ""
+    requeued = (records.where(col("op") == "requeue")
+                .select("server", F.explode("outcomes").alias("o"), "seq", "time", "conn",
+                        "cause")
+                .select("server", o["id"].alias("id"), "seq", "time",
+                        F.create_map(*[F.lit(x) for kv in REQUEUE_OPS.items() for x in kv])
+                        [col("cause")].alias("op"),
+                        F.when(col("cause") != REQUEUE_TIMEOUT, col("conn")).alias("conn"),
+                        F.when(~at_limit, F.when(o["until"] > 0, "delayed").otherwise("ready"))
+                        .when(o["to"] == "", "buried").otherwise("ready").alias("after"),
+                        F.when(at_limit & (o["to"] != ""), o["to"]).alias("to_tube")))
+    moved = (records.where(col("op") == "move")  # triage's move-job: the state stays
+             .select("server", "id", "seq", "time", F.lit("move-job").alias("op"), "conn",
+                     col("tube").alias("to_tube")))
     out = single
-    for part in (multi, made, dropped, expired, flushed):
+    for part in (multi, made, dropped, fired, expired, flushed, requeued, moved):
         out = out.unionByName(part, allowMissingColumns=True)
     return out
 
@@ -194,8 +231,10 @@ def reservation_ends(records: DataFrame, events: DataFrame) -> DataFrame:
 
 
 def _after_state() -> Column:
+    """The state an event leaves its job in; null for a move-job (the state it had)."""
     delayed_or_ready = F.when(col("delay") > 0, "delayed").otherwise("ready")
-    return (F.when(col("op").isin("put", "release"), delayed_or_ready)
+    return (F.when(col("after").isNotNull(), col("after"))
+            .when(col("op").isin("put", "release"), delayed_or_ready)
             .when(col("op").isin("reserve", "touch"), "reserved")
             .when(col("op") == "bury", "buried")
             .when(col("op").isin(*MULTI_OPS, *IMPLICIT_OPS), "ready")
@@ -212,6 +251,11 @@ def _since() -> Column:
                   & (col("snap.kicks") == 0) & (col("delay") == 0))
     return F.when(col("op") == "snapshot",
                   F.when(snap_known, col("snap.created"))).otherwise(col("time"))
+
+
+def is_bury(from_state: Column, to_state: Column) -> Column:
+    """A bury: reserved to buried, by `bury` or by a tube's policy at an attempt limit."""
+    return (from_state == "reserved") & (to_state == "buried")
 
 
 def lifecycles(records: DataFrame) -> DataFrame:
@@ -234,8 +278,11 @@ def lifecycles(records: DataFrame) -> DataFrame:
          .where(F.when(col("origin") == "put", ~is_snap)
                 .when(col("origin") == "snapshot", is_snap | (col("seq") > col("snap_seq")))
                 .otherwise(True))
-         .withColumn("state", _after_state())
-         .withColumn("since", _since()))
+         .withColumn("state", _after_state()))
+    before = ordered.rowsBetween(Window.unboundedPreceding, -1)
+    e = e.withColumns({"state": F.coalesce(col("state"),
+                                           F.last("state", ignorenulls=True).over(before)),
+                       "since": _since()})
 
     # Pass 2, one ordered window: the previous and the next non-touch row (a touch
     # changes no state), and whether a Disconnect/Restart ended the reservation a
@@ -248,12 +295,12 @@ def lifecycles(records: DataFrame) -> DataFrame:
     running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     seed = F.coalesce(F.max(F.when(is_snap, col("snap.reserves"))).over(running), F.lit(0))
     attempt_no = F.sum(F.when(col("op") == "reserve", 1).otherwise(0)).over(running) + seed
-    # The tube each event happens in: the put's (or the snapshot's), until an expiry
-    # moves the job on (the move itself happens in the tube it leaves).
-    tube_set = F.when(col("op").isin("put", "snapshot"), col("tube")).when(
-        col("op") == "move", col("to_tube"))
-    before = ordered.rowsBetween(Window.unboundedPreceding, -1)
-    at_tube = F.when(col("op") == "move", F.last(tube_set, ignorenulls=True).over(before)
+    # The tube each event happens in: the put's (or the snapshot's), until a move
+    # (an expiry's, a policy's dead-letter move, a move-job) takes the job on; the
+    # move itself happens in the tube it leaves.
+    moves = col("to_tube").isNotNull()
+    tube_set = F.when(col("op").isin("put", "snapshot"), col("tube")).when(moves, col("to_tube"))
+    at_tube = F.when(moves, F.last(tube_set, ignorenulls=True).over(before)
                      ).otherwise(F.last(tube_set, ignorenulls=True).over(running))
     e = e.withColumns({"prev": prev.over(ordered), "nxt": nxt.over(ordered),
                        "attempt_no": attempt_no, "at_tube": at_tube})
@@ -289,8 +336,9 @@ def lifecycles(records: DataFrame) -> DataFrame:
     def from_start(c: str) -> Column:
         return F.max(F.when(col("op").isin("put", "snapshot"), col(c)))
 
-    def seeded(counter: str, op: str) -> Column:
-        return (F.sum(F.when(col("op") == op, 1).otherwise(0))
+    def seeded(counter: str, event: str | Column) -> Column:
+        happened = col("op") == event if isinstance(event, str) else event
+        return (F.sum(F.when(happened, 1).otherwise(0))
                 + F.coalesce(F.max(F.when(is_snap, col(f"snap.{counter}"))), F.lit(0))
                 ).cast("long")
 
@@ -308,11 +356,12 @@ def lifecycles(records: DataFrame) -> DataFrame:
         .alias("first_reserve_ns"),
         seeded("reserves", "reserve").alias("reserves"),
         seeded("releases", "release").alias("releases"),
-        seeded("buries", "bury").alias("buries"),
+        seeded("buries", is_bury(col("from_state"), col("state"))).alias("buries"),
         seeded("timeouts", "timeout").alias("timeouts"),
         seeded("kicks", "kick").alias("kicks"),
         F.sum(F.when(col("op") == "touch", 1).otherwise(0)).cast("long").alias("touches"),
-        F.sum(col("implicit").cast("int")).cast("long").alias("implicit_releases"),
+        (F.sum(col("implicit").cast("int")) + F.sum(col("op").isin(*IMPLICIT_OPS).cast("int")))
+        .cast("long").alias("implicit_releases"),
         F.sum(F.when(col("op").isin(*EXPIRY_OPS), 1).otherwise(0)).cast("long").alias("expiries"),
         F.max(F.when(col("op") == "delete", col("time"))).alias("deleted_ns"),
         F.max(F.when(col("op") == "expire", col("time"))).alias("expired_ns"),
@@ -379,17 +428,18 @@ def windowed(jobs: DataFrame, attempts: DataFrame, width_ns: int, accuracy: int,
              end_ns: int) -> DataFrame:
     """Per (tube, window) metrics, dense up to `end_ns`, with the backlog at each window's end.
 
-    Each event counts in the tube it happened in; a job an expiry moves leaves
-    its tube there (an expiry) and enters the dead-letter tube ("move-in").
+    Each event counts in the tube it happened in; a job an expiry, a policy's
+    dead-letter move or a move-job moves leaves its tube there and enters the
+    other tube ("move-in").
     """
     e = jobs.select(F.explode("events").alias("e"))
     window = floor_to(col("e.time"), width_ns).alias("window_ns")
-    is_move = col("e.op") == "move"
+    is_move = col("e.to_tube").isNotNull()
     ev = (e.where(col("e.tube").isNotNull())
           .select(col("e.tube").alias("tube"), window, col("e.op").alias("op"),
                   col("e.from_state").alias("frm"),
                   F.when(~is_move, col("e.to_state")).alias("to"))
-          .unionByName(e.where(is_move & col("e.to_tube").isNotNull())
+          .unionByName(e.where(is_move)
                        .select(col("e.to_tube").alias("tube"), window,
                                F.lit("move-in").alias("op"),
                                F.lit(None).cast("string").alias("frm"),
@@ -399,8 +449,11 @@ def windowed(jobs: DataFrame, attempts: DataFrame, width_ns: int, accuracy: int,
         # +1 for the state an event enters, -1 for the one it leaves (a touch: both)
         return (F.when(col("to") == s, 1).otherwise(0) - F.when(col("frm") == s, 1).otherwise(0))
 
+    def happened(name: str, op: str) -> Column:
+        return is_bury(col("frm"), col("to")) if name == "buries" else col("op") == op
+
     stats = ev.groupBy("tube", "window_ns").agg(
-        *[F.sum(F.when(col("op") == op, 1).otherwise(0)).cast("long").alias(name)
+        *[F.sum(F.when(happened(name, op), 1).otherwise(0)).cast("long").alias(name)
           for name, op in COUNTED_OPS],
         F.sum(F.when(col("op").isin(*IMPLICIT_OPS), 1).otherwise(0)).cast("long")
         .alias("implicit_releases"),
@@ -447,8 +500,9 @@ def tube_summary(jobs: DataFrame, attempts: DataFrame, minutes: DataFrame,
 
     Job figures (jobs, states, counters, latency) count the jobs put into the
     tube; attempt figures (attempts, wait and run percentiles) the reserves made
-    from it; the backlog is the tube's own. They differ only for jobs an expiry
-    moved to a dead-letter tube, which has a row even if nothing was put into it.
+    from it; the backlog is the tube's own. They differ only for jobs a move
+    (an expiry's, a policy's dead-letter move, a move-job) took to another tube,
+    which has a row even if nothing was put into it.
     """
     j = jobs.groupBy("tube").agg(
         F.countDistinct("server").alias("servers"),

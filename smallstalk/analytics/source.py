@@ -77,6 +77,8 @@ SNAP_TYPE = pa.struct([pa.field(n, t) for n, t in SNAP_FIELDS])
 JOBS_TYPE = pa.list_(pa.struct([pa.field("id", pa.int64()), pa.field("tube", pa.string())]))
 MOVES_TYPE = pa.list_(pa.struct([pa.field("id", pa.int64()), pa.field("to", pa.string()),
                                  pa.field("expires", pa.int64())]))
+OUTCOMES_TYPE = pa.list_(pa.struct([pa.field("id", pa.int64()), pa.field("until", pa.int64()),
+                                    pa.field("to", pa.string()), pa.field("reason", pa.string())]))
 
 # The declared schema: name, Arrow type, Spark DDL type, meaning.
 COLUMNS: tuple[tuple[str, pa.DataType, str, str], ...] = (
@@ -87,8 +89,9 @@ COLUMNS: tuple[tuple[str, pa.DataType, str, str], ...] = (
                                   "ignore, pause-tube, disconnect, promote, timeout, restart, "
                                   "new-epoch, put-jobs, expire, delete-tube, flush-tube, "
                                   "put-unique, requeue, limits, fire, move; snapshot"),
-    ("conn", pa.int64(), "BIGINT", "connection id (null for promote/timeout/restart/expire)"),
-    ("id", pa.int64(), "BIGINT", "job id (put, reserve, delete, release, bury, touch, snapshot)"),
+    ("conn", pa.int64(), "BIGINT", "connection id (null for promote/timeout/restart/expire/fire)"),
+    ("id", pa.int64(), "BIGINT", "job id (put, reserve, delete, release, bury, touch, fire (0: "
+                                 "skipped), move, snapshot)"),
     ("ids", pa.list_(pa.int64()), "ARRAY<BIGINT>", "job ids (kick, promote, timeout)"),
     ("jobs", JOBS_TYPE, "ARRAY<STRUCT<id: BIGINT, tube: STRING>>",
      "the jobs a put-jobs or put-unique made: the tube put into, then its fanout copies"),
@@ -97,15 +100,25 @@ COLUMNS: tuple[tuple[str, pa.DataType, str, str], ...] = (
     ("moves", MOVES_TYPE, "ARRAY<STRUCT<id: BIGINT, to: STRING, expires: BIGINT>>",
      "expire: each job that expired, deleted (to = '') or moved to tube `to`, with its new "
      "expiry time (ns, 0 = never)"),
+    ("cause", pa.int64(), "BIGINT", "requeue: why the jobs left their reservation (0 the TTR ran "
+                                    "out, 1 `conn` released them, 2 `conn` closed)"),
+    ("outcomes", OUTCOMES_TYPE,
+     "ARRAY<STRUCT<id: BIGINT, until: BIGINT, to: STRING, reason: STRING>>",
+     "requeue: each job and where its tube's policy sent it: ready (until = 0), delayed until "
+     "`until` (ns, a back-off), or at an attempt limit (`reason` set) buried (to = '') or moved "
+     "to the dead-letter tube `to`"),
+    ("schedule", pa.string(), "STRING", "fire: the schedule's name"),
+    ("at", pa.int64(), "BIGINT", "fire: the firing time it stands for, ns since the epoch"),
     ("tube", pa.string(), "STRING", "tube (put, use, watch, ignore, pause-tube, delete-tube, "
-                                    "snapshot)"),
-    ("pri", pa.int64(), "BIGINT", "priority (put, put-jobs, release, bury, snapshot)"),
+                                    "fire, move: where the job goes, snapshot)"),
+    ("pri", pa.int64(), "BIGINT", "priority (put, put-jobs, release, bury, requeue, fire, "
+                                   "snapshot)"),
     ("delay", pa.int64(), "BIGINT", "delay in seconds (put, put-jobs, release, pause-tube, "
-                                    "snapshot)"),
-    ("ttr", pa.int64(), "BIGINT", "time to run in seconds (put, put-jobs, snapshot)"),
+                                    "fire, snapshot)"),
+    ("ttr", pa.int64(), "BIGINT", "time to run in seconds (put, put-jobs, fire, snapshot)"),
     ("expires", pa.int64(), "BIGINT", "expiry time, ns since the epoch, 0 = never (put-jobs, "
                                       "snapshot of format 2)"),
-    ("body_size", pa.int64(), "BIGINT", "body length in bytes (put, put-jobs, snapshot)"),
+    ("body_size", pa.int64(), "BIGINT", "body length in bytes (put, put-jobs, fire, snapshot)"),
     ("body", pa.binary(), "BINARY", "the body (only with option bodies=true)"),
     ("segment", pa.int64(), "BIGINT", "first seq of the segment file (snapshot rows: its seq)"),
     ("offset", pa.int64(), "BIGINT", "byte offset of the record's frame in its file "

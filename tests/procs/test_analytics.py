@@ -3,7 +3,8 @@
 A scripted workload with known answers (tests/support/analytics_script.py:
 five data directories made by real `smallstalk serve` processes, with
 timeouts, releases, burials, kicks, lost connections, a restart, compaction
-into a snapshot, fanout, expiry and a dead-letter tube) is analyzed once per
+into a snapshot, fanout, expiry and a dead-letter tube, keyed puts, job
+policies' requeues, move-job and a schedule) is analyzed once per
 session, in-process through `main` (the cluster test compares its own run
 with the same one). The outputs are checked three ways:
 exact counts from the script; every lifecycle, attempt, window and summary
@@ -166,7 +167,9 @@ def test_known_answers_of_big_tubes(analyzed, workload) -> None:
     and keyed puts (put-unique: its jobs are puts like any other, a repeat is nothing)."""
     jobs = {i: j for (s, i), j in spark_jobs(analyzed).items() if s == "epsilon"}
     g = workload["groups"]
-    assert len(jobs) == 4 + 3 + 1 + 2 + 2 + 2  # orders, copies, sessions, invoices, junk, keyed
+    ticks = [j for j in jobs.values() if j["tube"] == "ticks"]  # a firing a second, while none waits
+    assert len(jobs) - len(ticks) == 4 + 3 + 1 + 2 + 2 + 2 + 6  # orders, copies, sessions,
+    # invoices, junk, keyed; the job policies' and triage's (test_known_answers_of_policies)
     assert {jobs[i]["tube"] for i in g["o_copies"]} == {"orders+audit"}
     assert {jobs[i]["origin"] for i in g["o_copies"]} == {"put"}
     (gone,) = g["o_discarded"]
@@ -205,6 +208,77 @@ def test_known_answers_of_big_tubes(analyzed, workload) -> None:
     assert sum(w["moves_in"] for w in minutes if w["tube"] == "dead") == 2
     dead = sorted((w for w in minutes if w["tube"] == "dead"), key=lambda w: w["window_ns"])
     assert (dead[-1]["backlog"], dead[-1]["ready"]) == (1, 1)
+
+
+@needs_java
+def test_known_answers_of_policies(analyzed, workload) -> None:
+    """epsilon: a tube policy's requeues (each cause; back-off, bury and dead-letter outcomes),
+    triage's move-job, and a schedule's job: each a step in its job's story."""
+    jobs = {i: j for (s, i), j in spark_jobs(analyzed).items() if s == "epsilon"}
+    g = workload["groups"]
+
+    def story(key: str) -> list[tuple[str, str, str, str | None]]:
+        (i,) = g[key]
+        return [(e["op"], e["to_state"], e["tube"], e["to_tube"]) for e in jobs[i]["events"]]
+
+    def figures(key: str) -> tuple:
+        (i,) = g[key]
+        j = jobs[i]
+        return (j["reserves"], j["releases"], j["buries"], j["timeouts"], j["implicit_releases"],
+                j["state"], j["last_tube"])
+
+    assert story("q_buried") == [  # the release-backoff's delay, then max-reserves 2
+        ("put", "ready", "retry", None), ("reserve", "reserved", "retry", None),
+        ("release", "delayed", "retry", None), ("promote", "ready", "retry", None),
+        ("reserve", "reserved", "retry", None), ("release", "buried", "retry", None)]
+    assert figures("q_buried") == (2, 2, 1, 0, 0, "buried", "retry")
+    (qb,) = g["q_buried"]
+    backoff = jobs[qb]["events"][3]["time"] - jobs[qb]["events"][2]["time"]
+    assert backoff >= NS  # 1 s for the first release
+    assert [a["outcome"] for a in jobs[qb]["attempts"]] == ["release", "release"]
+    assert story("q_timeout") == [
+        ("put", "ready", "retry", None), ("reserve", "reserved", "retry", None),
+        ("timeout", "ready", "retry", None), ("reserve", "reserved", "retry", None),
+        ("delete", "deleted", "retry", None)]
+    assert figures("q_timeout") == (2, 0, 0, 1, 0, "deleted", "retry")
+    (qt,) = g["q_timeout"]
+    assert jobs[qt]["events"][2]["conn"] is None  # the server's timer, not a connection
+    assert story("d_released") == [
+        ("put", "ready", "payments", None), ("reserve", "reserved", "payments", None),
+        ("release", "ready", "payments", "payments-dead")]
+    assert figures("d_released") == (1, 1, 0, 0, 0, "ready", "payments-dead")
+    assert story("d_dropped") == [
+        ("put", "ready", "payments", None), ("reserve", "reserved", "payments", None),
+        ("disconnect", "ready", "payments", "payments-dead"),
+        ("reserve", "reserved", "payments-dead", None),
+        ("delete", "deleted", "payments-dead", None)]
+    assert figures("d_dropped") == (2, 0, 0, 0, 1, "deleted", "payments-dead")
+    assert story("m_ready") == [("put", "ready", "triage", None),
+                                ("move-job", "ready", "triage", "moved")]
+    assert story("m_buried") == [
+        ("put", "ready", "triage", None), ("reserve", "reserved", "triage", None),
+        ("bury", "buried", "triage", None), ("move-job", "buried", "triage", "moved")]
+    assert figures("m_buried") == (1, 0, 1, 0, 0, "buried", "moved")
+    (td,) = g["t_done"]
+    assert story("t_done") == [("put", "ready", "ticks", None),
+                               ("reserve", "reserved", "ticks", None),
+                               ("delete", "deleted", "ticks", None)]
+    assert (jobs[td]["origin"], jobs[td]["events"][0]["conn"]) == ("put", None)
+    assert analyzed["summary"]["orphan_jobs"] == 0
+    summary = {t["tube"]: t for t in analyzed["summary"]["tubes"]}
+    assert (summary["retry"]["buries"], summary["retry"]["timeouts"]) == (1, 1)
+    assert (summary["payments"]["jobs"], summary["payments-dead"]["jobs"]) == (2, 0)
+    assert (summary["payments-dead"]["attempts"], summary["moved"]["attempts"]) == (1, 0)
+    minutes = table(analyzed["out"], "tube_minute")
+
+    def total(tube: str, key: str) -> int:
+        return sum(w[key] for w in minutes if w["tube"] == tube)
+
+    assert (total("payments-dead", "moves_in"), total("moved", "moves_in")) == (2, 2)
+    assert (total("retry", "buries"), total("retry", "releases")) == (1, 2)
+    assert total("payments", "implicit_releases") == 1
+    moved = max((w for w in minutes if w["tube"] == "moved"), key=lambda w: w["window_ns"])
+    assert (moved["backlog"], moved["ready"], moved["buried"]) == (2, 1, 1)
 
 
 @needs_java
@@ -297,7 +371,8 @@ def test_tube_summary_matches_the_reference(analyzed, workload) -> None:
     minutes = reference_windows(ref, 60 * NS, workload["end"])
     got = {t["tube"]: t for t in analyzed["summary"]["tubes"]}
     assert set(got) == {"emails", "images", "reports", "orders", "orders+audit", "sessions",
-                        "invoices", "dead", "junk", "keyed"}
+                        "invoices", "dead", "junk", "keyed", "retry", "payments",
+                        "payments-dead", "triage", "moved", "ticks"}
     for tube, s in got.items():
         jobs = [j for j in ref.values() if j["tube"] == tube]  # by the tube put into
         # attempt figures by the tube reserved from
@@ -372,14 +447,18 @@ def test_printed_summary_and_html_report(analyzed) -> None:
     assert "reading and decoding" in analyzed["stderr"]  # progress
     page = analyzed["html"]
     # Four charts per tube (backlog, wait, run, throughput); a tube nobody reserved from
-    # (sessions and invoices: their jobs expired first; junk: flushed) has no wait or run
-    # chart, and the throughput chart leaves out the window the data ends inside: a tube
-    # whose events all fall in that window has none.
+    # (sessions and invoices: their jobs expired first; junk: flushed; moved: only
+    # moved into) has no wait or run chart, one where no reservation ended in a delete
+    # (payments, triage) no run chart, and the throughput chart leaves out the window the
+    # data ends inside: a tube whose events all fall in that window has none.
     tubes = analyzed["summary"]["tubes"]
-    assert len(tubes) == 10 and sum(t["attempts"] == 0 for t in tubes) == 3
+    assert len(tubes) == 16 and sum(t["attempts"] == 0 for t in tubes) == 4
+    assert {t["tube"] for t in tubes if t["attempts"] and t["run_p50_ms"] is None} == {
+        "payments", "triage"}
     throughput = page.count("<figcaption>Throughput per")
     assert throughput + page.count("no complete minute yet") == len(tubes)
-    assert page.count("<svg") == sum(3 if t["attempts"] else 1 for t in tubes) + throughput
+    charts = sum(1 + (t["attempts"] > 0) + (t["run_p50_ms"] is not None) for t in tubes)
+    assert page.count("<svg") == charts + throughput
     for forbidden in ("<script", "http://", "https://", "<link", "src="):
         assert forbidden not in page
     assert "Tube emails" in page and "Backlog" in page and "Queue wait" in page

@@ -153,6 +153,20 @@ discard-old-when-full = true
 [tubes.invoices]
 max-age = 1
 expire-to = "dead"
+
+[tubes.retry]
+max-reserves = 2
+release-backoff = "1s..1m"
+
+[tubes.payments]
+max-reserves = 1
+dead-letter = "payments-dead"
+
+[[schedules]]
+name = "tick"
+tube = "ticks"
+cron = "* * * * * *"
+skip-if-pending = true
 """
 
 
@@ -176,6 +190,7 @@ def script_epsilon(tmp: Path, data: Path) -> dict[str, list[int]]:
                 p, [put_cmd(body, pri=100, max_age=1)], b"INSERTED")]
             run(p, [b"use invoices\r\n"], b"USING")
             g["i_moved"] = puts(p, 2)
+            policies(srv.port, p, w, g)  # its waits overlap the expiries'
 
             def expired() -> bool:
                 return (w.stats_job(g["s_expired"][0]) is None
@@ -193,9 +208,38 @@ def script_epsilon(tmp: Path, data: Path) -> dict[str, list[int]]:
                     (b"INSERTED", b"DUPLICATE", b"INSERTED"))
             g["k_done"], g["k_ready"] = [k[0].id], [k[2].id]
             done(w, g["k_done"])
+            run(p, [b"use ticks\r\n"], b"USING")  # the schedule's job, made by the server
+            wait_until(lambda: p.call(b"peek-ready\r\n").status == b"FOUND", "a firing")
+            g["t_done"] = [p.call(b"peek-ready\r\n").id]
+            done(w, g["t_done"])
     finally:
         srv.stop()
     return g
+
+
+def policies(port: int, p: Client, w: Client, g: dict[str, list[int]]) -> None:
+    """Job policies' requeues (each cause and outcome) and triage's move-job."""
+    run(p, [b"use retry\r\n"], b"USING")
+    g["q_buried"] = puts(p, 1)  # released: backed off a second; released again: buried
+    g["q_timeout"] = puts(p, 1, ttr=1)  # its TTR runs out: ready again
+    then(w, g["q_buried"], b"release %d 100 0\r\n", b"RELEASED")
+    reserve(w, g["q_timeout"])
+    run(p, [b"use payments\r\n"], b"USING")
+    g["d_released"] = puts(p, 1)  # released at its one reserve: to payments-dead
+    g["d_dropped"] = puts(p, 1)  # its worker's connection closes: to payments-dead too
+    then(w, g["d_released"], b"release %d 100 0\r\n", b"RELEASED")
+    with connect(port) as w2:
+        reserve(w2, g["d_dropped"])
+    run(p, [b"use triage\r\n"], b"USING")
+    g["m_ready"], g["m_buried"] = puts(p, 1), puts(p, 1)
+    then(w, g["m_buried"], b"bury %d 100\r\n", b"BURIED")
+    run(w, [b"move-job %d moved\r\n" % i for i in g["m_ready"] + g["m_buried"]], b"MOVED")
+    wait_until(lambda: states(w, g["q_buried"] + g["q_timeout"]) == {"ready"}, "the requeues")
+    then(w, g["q_buried"], b"release %d 100 0\r\n", b"RELEASED")
+    done(w, g["q_timeout"])
+    wait_until(lambda: w.stats_job(g["d_dropped"][0])["tube"] == "payments-dead",
+               "the dead-letter move")
+    done(w, g["d_dropped"])
 
 
 def script_beta(tmp: Path, data: Path, before_compaction: Path) -> dict[str, list[int]]:
@@ -281,18 +325,32 @@ def reference_jobs(data_dir: Path, server: str) -> dict[tuple[str, int], dict[st
                 ids, op = [i for i, _to, _e in rec.moves], "expire"
             elif t is r.FlushTube:
                 ids, op = list(rec.ids), "delete"
+            elif t is r.Requeue:  # the cause is the event; where it went, the State says
+                ids = [i for i, _until, _to, _why in rec.outcomes]
+                op = {r.REQUEUE_TIMEOUT: "timeout", r.REQUEUE_RELEASE: "release",
+                      r.REQUEUE_DISCONNECT: "disconnect"}[rec.cause]
+            elif t is r.Fire:
+                ids, op = ([rec.id] if rec.id else []), "put"
+            elif t is r.Move:
+                ids, op = [rec.id], "move-job"
             else:
                 ids, op = [], ""
             before = {i: STATE_NAMES[state.jobs[i].state] for i in ids if i in state.jobs}
             holder = {i: state.jobs[i].reserver for i in ids if i in state.jobs}
             tube_before = {i: state.jobs[i].tube.name for i in ids if i in state.jobs}
+            buries = {i: state.jobs[i].buries for i in ids if i in state.jobs}
             state.apply(rec)
             made = {}  # job id -> tube, for the jobs this record makes
             if t is r.Put:
                 made = {rec.id: rec.tube}
             elif t in (r.PutJobs, r.PutUnique):
                 made = dict(rec.jobs)
+            elif t is r.Fire and rec.id:
+                made = {rec.id: rec.tube}
             moved_to = {i: to for i, to, _e in rec.moves} if t is r.Expire else {}
+            if t is r.Requeue or t is r.Move:  # the tube a job is in now, if it changed
+                moved_to = {i: state.jobs[i].tube.name for i in ids
+                            if state.jobs[i].tube.name != tube_before[i]}
             for i in ids:
                 ev_op = op
                 if t in (r.PutJobs, r.PutUnique) and i in rec.dropped:
@@ -306,6 +364,10 @@ def reference_jobs(data_dir: Path, server: str) -> dict[tuple[str, int], dict[st
                                    counts=dict(reserve=0, release=0, bury=0, timeout=0, kick=0),
                                    events=[], tubes=[], since=None)
                 conn = holder.get(i) if op in ("disconnect", "restart") else getattr(rec, "conn", None)
+                if t is r.Requeue:
+                    conn = None if rec.cause == r.REQUEUE_TIMEOUT else rec.conn
+                    # a policy's bury at an attempt limit counts as a bury (the State's count)
+                    jobs[i]["counts"]["bury"] += state.jobs[i].buries - buries[i]
                 jobs[i]["events"].append((rec.seq, rec.time, ev_op, conn, before.get(i), after))
                 # (the tube the event happens in, the tube a move takes the job to)
                 jobs[i]["tubes"].append((tube_before.get(i, jobs[i]["tube"]),
@@ -404,16 +466,17 @@ def reference_windows(jobs: dict, width: int, end: int) -> dict[tuple[str, int],
         for (_seq, t, op, _conn, frm, to), (at, to_tube) in zip(j["events"], j["tubes"],
                                                                  strict=True):
             w = t - t % width
-            # An event counts in the tube it happens in; a move leaves that tube and
-            # enters the dead-letter tube (a "move-in" there).
-            rows = [(at, op, frm, None if op == "move" else to)]
-            if op == "move":
+            # An event counts in the tube it happens in; a move (an expiry's, a
+            # policy's dead-letter move, a move-job) leaves that tube and enters the
+            # other (a "move-in" there).
+            rows = [(at, op, frm, None if to_tube else to)]
+            if to_tube:
                 rows.append((to_tube, "move-in", None, to))
             for tube, o, f, tt in rows:
                 first[tube] = min(first.get(tube, w), w)
                 c = counts.setdefault((tube, w), dict(zero))
                 for k, name in COUNTED.items():
-                    c[k] += o == name
+                    c[k] += o == name if k != "buries" else (f, tt) == ("reserved", "buried")
                 c["implicit_releases"] += o in ("disconnect", "restart")
                 c["expiries"] += o in ("expire", "move")
                 if o != "touch":
