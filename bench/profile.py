@@ -282,18 +282,20 @@ def render_cprofile(raw: Path, args, title: str, head: str, ops: int) -> str:
 
 # --- deterministic counts: what a turn does, in-process --------------------------------
 
-COUNT_WORKLOADS = ("put", "rd", "cycle", "put-unique", "handoff", "rd-batch")
+COUNT_WORKLOADS = ("put", "rd", "cycle", "put-unique", "handoff", "rd-batch", "mc")
 # The commands one op sends, in order, one per turn (request/response).
 # `handoff`: a worker waits in `reserve`, a producer's put is handed to it in
 # the put's turn, the worker deletes it; `--per-turn` workers and as many
 # producers (a turn: the workers' commands, or the producers' puts).
 # `rd-batch`: `reserve-batch BATCH 0`, then its BATCH deletes in one read; an
 # op is those BATCH jobs, a "command" one of the two reads.
+# `mc`: the memcache port's (kestrel's) `set q`, then `get q`, which takes the job.
 STEPS = {"put": ("put",), "rd": ("reserve", "delete"), "cycle": ("put", "reserve", "delete"),
          "put-unique": ("put-unique",), "handoff": ("wait", "put", "delete"),
-         "rd-batch": ("batch", "deletes")}
+         "rd-batch": ("batch", "deletes"), "mc": ("mc-set", "mc-get")}
 BATCH = 10
 PUT = b"put 1024 0 60 100\r\n" + b"x" * 100 + b"\r\n"
+MC_SET = b"set q 0 0 100\r\n" + b"x" * 100 + b"\r\n"
 
 
 class _Conn:
@@ -301,12 +303,14 @@ class _Conn:
     `_received`: feed the parser, hand the commands of a read to the loop in
     one hop); replies are kept, as a socket write would take them."""
 
-    def __init__(self, lp, parser_cls) -> None:
+    def __init__(self, lp, parser_cls, dialect=None) -> None:
         self.lp = lp
-        self.parser = parser_cls(lp.max_job_size)
+        self.parser = parser_cls(lp.max_job_size) if dialect is None \
+            else dialect.parser(lp.max_job_size)
         self.read_bytes = self.submitted = 0
         self.replies: list[bytes] = []
-        self.session = lp.open_session(self.deliver)
+        self.session = lp.open_session(self.deliver) if dialect is None \
+            else lp.open_session(self.deliver, dialect=dialect)
         self.job = b""
         self.jobs: list[bytes] = []  # rd-batch: the ids of the last batch
         self.keys = 0  # put-unique: keys used so far
@@ -346,6 +350,10 @@ class _Conn:
             return b"reserve\r\n"
         if step == "batch":
             return b"reserve-batch %d 0\r\n" % BATCH
+        if step == "mc-set":
+            return MC_SET
+        if step == "mc-get":
+            return b"get q\r\n"
         if step == "deletes":
             return b"".join(b"delete %s\r\n" % j for j in self.jobs)
         return b"delete %s\r\n" % self.job
@@ -378,7 +386,13 @@ async def _count_run(workload: str, per_turn: int, ops: int, mode: str, profile,
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(lp.run)
-            conns = [_Conn(lp, Parser) for _ in range(per_turn)]
+            service = None
+            if workload == "mc":  # the memcache port's sessions (server/memcache.py)
+                from smallstalk.server.memcache_dispatch import McService
+
+                service = McService()
+            conns = [_Conn(lp, Parser, service and service.session())
+                     for _ in range(per_turn)]
             producers = [_Conn(lp, Parser) for _ in range(per_turn)] \
                 if workload == "handoff" else conns
 

@@ -126,10 +126,10 @@ def _take(lp: dispatch.Loop, s: Session, key: bytes, job: Job, mode: int,
             lp.volatile(r.WaitStop, s.id)
         return m.server_error("cannot read the item back")
     if mode == OPEN:
-        lp.log(r.Reserve, s.id, job.id)  # also ends a wait
+        lp.log_job(lp.state.apply_reserve, r.Reserve, s.id, job.id)  # also ends a wait
     else:
         if mode == TAKE:
-            lp.log(r.Delete, s.id, job.id)
+            lp.log_job(lp.state.apply_delete, r.Delete, s.id, job.id)
         if waiting:
             lp.volatile(r.WaitStop, s.id)
     s.dialect.service.taken(job, lp.now)
@@ -182,8 +182,7 @@ def max_age(expiry: int, now: int) -> int:
 
 
 def mc_set(lp: dispatch.Loop, s: Session, cmd: m.McSet):
-    svc = s.dialect.service
-    svc.count("cmd_set")
+    s.dialect.service.counters["cmd_set"] += 1
     if cmd.too_big:
         reply = m.NOT_STORED
     elif lp.read_only:
@@ -202,7 +201,7 @@ def mc_set(lp: dispatch.Loop, s: Session, cmd: m.McSet):
 
 def mc_get(lp: dispatch.Loop, s: Session, cmd: m.McGet):
     svc = s.dialect.service
-    svc.count("cmd_peek" if cmd.peek else "cmd_get")
+    svc.counters["cmd_peek" if cmd.peek else "cmd_get"] += 1
     if lp.read_only and not cmd.peek:
         return READ_ONLY
     st = lp.state
@@ -223,7 +222,7 @@ def mc_get(lp: dispatch.Loop, s: Session, cmd: m.McGet):
             # of one queue, is answered ERROR and the connection closed.
             s.closing = True
             return m.ERROR
-        if not lp.read_only and not st.is_fanout_tube(cmd.queue) and \
+        if "+" in cmd.queue and not lp.read_only and not st.is_fanout_tube(cmd.queue) and \
                 fanout_parent(cmd.queue) is not None:
             # kestrel: a fanout queue gets its parent's items once a client
             # names it. A watch makes the tube, which registers it.

@@ -134,3 +134,28 @@ def test_byte_soup_never_raises_and_memory_stays_bounded(parts: list[bytes], chu
         assert parser.buffered() <= max(m.LINE_MAX, 1000 + 2) + chunk
     # Split anywhere, the same events.
     assert parse_all(data, chunk, 1000) == parse_all(data, None, 1000)
+
+
+UNITS = [  # whole commands, each parsed alone by a fresh parser as the reference
+    b"set q 0 0 3\r\nabc\r\n", b"set q 0 0 3\r\nxyz\r\n", b"set q 0 0 3 noreply\r\nabc\r\n",
+    b"set q 0 60 2\r\nhi\r\n", b"set a/b 0 0 1\r\nx\r\n", b"set q 0 0 20\r\n" + b"z" * 20 + b"\r\n",
+    b"get q\r\n", b"get q/t=5/open\r\n", b"get q/close\r\n", b"get -bad\r\n", b"gets q\r\n",
+    b"\r\n", b"version\r\n", b"stats\r\n",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(UNITS), max_size=30), st.integers(1, 40))
+def test_a_repeated_line_parses_as_it_did_the_first_time(units: list[bytes], chunk: int) -> None:
+    """The parser reuses the last set and get lines' values: the events are those
+    of each command parsed by a parser that has seen nothing before it."""
+    want = [ev for u in units for ev in m.Parser(max_job_size=10).take(u)[0]]
+    parser = m.Parser(max_job_size=10)
+    data = b"".join(units)
+    got = []
+    for i in range(0, len(data), chunk):
+        events, held = parser.take(data[i:i + chunk])
+        got += events
+        assert held == parser.buffered()
+    assert got == want
+    assert parser.buffered() == 0
