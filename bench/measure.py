@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -417,12 +418,28 @@ class Bench:
 
     def run_handoff(self) -> dict:
         """A worker waits in `reserve`; another connection puts one job; one sample is the
-        time from sending the put until the worker holds the job (its RESERVED and body)."""
+        time from sending the put until the worker holds the job (its RESERVED and body),
+        and the server's side of it: until the RESERVED reached the worker's socket (the
+        kernel's receive stamp), without the worker's own wake-up. Then, in memory, each
+        server and the floor answer a put sent after the same idle pause: the cost of one
+        wake-up, server side, that no broker on the floor's I/O shape goes below."""
         n = self.preset["handoff_samples"] if self.args.handoff_samples is None \
             else self.args.handoff_samples
         out = {"samples": n, "body_bytes": 100, "modes": {}}
         if n <= 0:
             return out
+        idle = {}
+        for kind in [*self.servers, *([FLOOR] if self.with_floor else [])]:
+            srv = Server(kind, "memory", self.workdir, src=self.src).start()
+            try:
+                idle[kind] = idle_round_trips(srv.port, n)
+            except Exception as e:  # noqa: BLE001
+                idle[kind] = {"error": f"{type(e).__name__}: {e}"}
+            finally:
+                srv.stop()
+            self.say(f"IDLE-RT  memory {kind:10} {json.dumps(idle[kind])}")
+        out["idle_put"] = {"servers": idle, "ratio": {
+            k: ratio_of(idle, k) for k in ("p50_us", "p99_us")}}
         for mode in ("memory", "always"):
             row = {}
             for kind in self.servers:
@@ -441,7 +458,8 @@ class Bench:
                         shutil.rmtree(srv.data_dir, ignore_errors=True)
                 self.say(f"HANDOFF  {mode:6} {kind:10} {json.dumps(row[kind])}")
             out["modes"][mode] = {"servers": row, "ratio": {
-                k: ratio_of(row, k) for k in ("p50_us", "p99_us", "max_us")}}
+                k: ratio_of(row, k) for k in ("p50_us", "p99_us", "max_us", "server_p50_us",
+                                              "server_p99_us")}}
         return out
 
     def run_spawn(self) -> dict:
@@ -530,25 +548,73 @@ def _summary(r: dict) -> str:
             f"{', rounds ' + '/'.join(f'{x:.0f}' for x in rounds) if len(rounds) > 1 else ''})")
 
 
-def handoff_samples(port: int, n: int, settle: float = 0.0005) -> dict:
-    """n hand-offs (see Bench.run_handoff): p50/p99/max in µs."""
-    body = b"x" * 100
-    put = b"put 1024 0 60 %d\r\n%s\r\n" % (len(body), body)
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's number
+STAMP = struct.Struct("qq")  # the control message: struct timespec
+BODY = b"x" * 100
+PUT = b"put 1024 0 60 %d\r\n%s\r\n" % (len(BODY), BODY)
+
+
+def stamped(s: socket.socket) -> socket.socket:
+    """Nagle off, and the kernel's receive time (CLOCK_REALTIME) on every read."""
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    return s
+
+
+def recv_stamped(s: socket.socket) -> tuple[bytes, int]:
+    """One read and when its first bytes reached the socket (ns, the epoch's clock):
+    the server's side of a round trip ends there, before the client's own wake-up."""
+    data, anc, _flags, _addr = s.recvmsg(65536, 64)
+    if not data:
+        raise RuntimeError("connection closed")
+    for level, kind, raw in anc:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+            sec, nsec = STAMP.unpack(raw[:STAMP.size])
+            return data, sec * 1_000_000_000 + nsec
+    raise RuntimeError("no receive timestamp (SO_TIMESTAMPNS)")
+
+
+def _quantiles(xs_ns: list[int], prefix: str = "") -> dict:
+    us = sorted(x / 1000 for x in xs_ns)
+    return {f"{prefix}p50_us": round(us[len(us) // 2], 1),
+            f"{prefix}p99_us": round(us[int(len(us) * 0.99)], 1)}
+
+
+def idle_round_trips(port: int, n: int, settle: float = 0.0005) -> dict:
+    """n puts on one connection, each after `settle` s idle (as a hand-off's put):
+    from the send until the reply reached the client's socket, in µs."""
     lat = []
-    with socket.create_connection(("127.0.0.1", port)) as w, \
-            socket.create_connection(("127.0.0.1", port)) as prod:
-        for s in (w, prod):
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with stamped(socket.create_connection(("127.0.0.1", port))) as prod:
+        for _ in range(n):
+            time.sleep(settle)
+            t0 = time.time_ns()
+            prod.sendall(PUT)
+            data, t_rx = recv_stamped(prod)
+            line, _rest = read_line(prod, data)
+            if not line.startswith(b"INSERTED "):
+                raise RuntimeError(f"put answered {line!r}")
+            lat.append(t_rx - t0)
+    return _quantiles(lat)
+
+
+def handoff_samples(port: int, n: int, settle: float = 0.0005) -> dict:
+    """n hand-offs (see Bench.run_handoff): p50/p99/max in µs, and the server's side."""
+    lat, server = [], []
+    with stamped(socket.create_connection(("127.0.0.1", port))) as w, \
+            stamped(socket.create_connection(("127.0.0.1", port))) as prod:
         for _ in range(n):
             w.sendall(b"reserve\r\n")
             time.sleep(settle)  # the reserve is parked in the server before the put
             t0 = time.perf_counter()
-            prod.sendall(put)
-            line, rest = read_line(w, b"")
+            t0_ns = time.time_ns()
+            prod.sendall(PUT)
+            first, t_rx = recv_stamped(w)
+            line, rest = read_line(w, first)
             if not line.startswith(b"RESERVED "):
                 raise RuntimeError(f"reserve answered {line!r}")
             recv_until(w, rest, int(line.split()[2]) + 2)
             lat.append(time.perf_counter() - t0)
+            server.append(t_rx - t0_ns)
             ins, _ = read_line(prod, b"")
             if not ins.startswith(b"INSERTED "):
                 raise RuntimeError(f"put answered {ins!r}")
@@ -559,7 +625,8 @@ def handoff_samples(port: int, n: int, settle: float = 0.0005) -> dict:
     lat.sort()
     us = [1e6 * x for x in lat]
     return {"p50_us": round(us[len(us) // 2], 1), "p99_us": round(us[int(len(us) * 0.99)], 1),
-            "max_us": round(us[-1], 1), "mean_us": round(sum(us) / len(us), 1)}
+            "max_us": round(us[-1], 1), "mean_us": round(sum(us) / len(us), 1),
+            **_quantiles(server, "server_")}
 
 
 def spawn_to_first_reply(bench: Bench, kind: str, with_dir: bool,

@@ -229,14 +229,33 @@ def render(results: dict, markdown: bool) -> str:
             a, b = m["servers"].get(ss, {}), m["servers"].get(bs, {})
             cells.append([mode] + [_cell(r, k, 0) for k in ("p50_us", "p99_us", "max_us")
                                    for r in (a, b)]
-                         + [fmt_ratio(m["ratio"].get(k)) for k in ("p50_us", "p99_us")])
+                         + [fmt_ratio(m["ratio"].get(k)) for k in ("p50_us", "p99_us")]
+                         + [_cell(r, "server_p50_us", 0) for r in (a, b)]
+                         + [fmt_ratio(m["ratio"].get("server_p50_us"))])
         title = (f"Hand-off latency, µs ({ho['samples']:,} samples: a worker waits in "
                  "`reserve`, another connection puts a job; until the worker holds it; "
-                 "always = --fsync always / -f 0)")
+                 "srv = the server's side, until the RESERVED reached the worker's socket "
+                 "(kernel receive stamp); always = --fsync always / -f 0)")
         parts.append(f"{h}{title}" if markdown else f"-- {title}")
         parts.append(table(["mode", "p50 ss", "p50 bs", "p99 ss", "p99 bs", "max ss",
-                            "max bs", "p50 ratio", "p99 ratio"], cells, markdown,
-                           set(range(1, 9))))
+                            "max bs", "p50 ratio", "p99 ratio", "srv p50 ss", "srv p50 bs",
+                            "srv ratio"], cells, markdown, set(range(1, 12))))
+    idle = (ho.get("idle_put") or {}).get("servers") or {}
+    if idle:
+        fl = idle.get("floor", {})
+        cells = []
+        for kind in (ss, bs, "floor"):
+            if kind in idle:
+                r = idle[kind]
+                cells.append([kind, _cell(r, "p50_us", 0), _cell(r, "p99_us", 0),
+                              fmt_ratio(_div(r.get("p50_us"), idle.get(bs, {}).get("p50_us"))),
+                              fmt_ratio(_div(r.get("p50_us"), fl.get("p50_us")))])
+        title = ("One put after the hand-off's idle pause, server side, µs (memory; from the "
+                 "send until the reply reached the client's socket; the floor: the wake-up "
+                 "and the read and write of smallstalk's I/O shape, no state)")
+        parts.append(f"{h}{title}" if markdown else f"-- {title}")
+        parts.append(table(["server", "p50", "p99", "p50 / bs", "p50 / floor"], cells,
+                           markdown, {1, 2, 3, 4}))
     sp = results.get("spawn") or {}
     if sp.get("cases"):
         cells = []
@@ -304,6 +323,10 @@ def _per_cmd(r: dict, commands: int) -> str:
 
 def _share(meta: dict) -> str:
     return f"{100 * meta.get('open_load_share', 0.5):.0f}%"
+
+
+def _div(a, b):
+    return None if a is None or not b else a / b
 
 
 def _cell(r, key, nd):

@@ -87,6 +87,16 @@ def test_bench_tiny_mode_produces_table_and_json(tmp_path: Path) -> None:
             assert "error" not in r, f"{section} {kind}: {r['error']}"
             assert isinstance(r[key], int | float), f"{section} {kind}"
         assert results[section]["ratio"] is not None
+    # Hand-off: the server's side (to the kernel's receive stamp on the worker's socket)
+    # is part of the whole; the idle put is measured for both servers and the floor.
+    for mode, m in results["handoff"]["modes"].items():
+        for kind, r in m["servers"].items():
+            assert "error" not in r, f"hand-off {mode} {kind}: {r['error']}"
+            assert 0 < r["server_p50_us"] <= r["p50_us"], (mode, kind, r)
+    idle = results["handoff"]["idle_put"]["servers"]
+    assert set(idle) == {*SERVERS, "floor"}
+    assert all("error" not in r and 0 < r["p50_us"] <= r["p99_us"] for r in idle.values()), idle
+    assert "One put after the hand-off's idle pause" in text and "srv p50 ss" in text
     assert results["spawn"]["import_trio"]["median_ms"] > 0
     assert results["targets"] and all("ratio" in t for t in results["targets"])
     assert any(t["target"].startswith("spawn") and t["beyond_trio_ms"] is not None
