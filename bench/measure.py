@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import loadgen
@@ -580,6 +581,19 @@ def _quantiles(xs_ns: list[int], prefix: str = "") -> dict:
             f"{prefix}p99_us": round(us[int(len(us) * 0.99)], 1)}
 
 
+def _put_then_read(prod: socket.socket, reader: socket.socket,
+                   want: bytes) -> tuple[int, int, bytes, bytes]:
+    """Put a job on `prod` and read `reader`'s next line, which must start with `want`:
+    (the send's ns, when that line reached `reader`'s socket in ns, the line, the rest)."""
+    t0_ns = time.time_ns()
+    prod.sendall(PUT)
+    first, t_rx = recv_stamped(reader)
+    line, rest = read_line(reader, first)
+    if not line.startswith(want):
+        raise RuntimeError(f"expected {want!r}, got {line!r}")
+    return t0_ns, t_rx, line, rest
+
+
 def idle_round_trips(port: int, n: int, settle: float = 0.0005) -> dict:
     """n puts on one connection, each after `settle` s idle (as a hand-off's put):
     from the send until the reply reached the client's socket, in µs."""
@@ -587,34 +601,24 @@ def idle_round_trips(port: int, n: int, settle: float = 0.0005) -> dict:
     with stamped(socket.create_connection(("127.0.0.1", port))) as prod:
         for _ in range(n):
             time.sleep(settle)
-            t0 = time.time_ns()
-            prod.sendall(PUT)
-            data, t_rx = recv_stamped(prod)
-            line, _rest = read_line(prod, data)
-            if not line.startswith(b"INSERTED "):
-                raise RuntimeError(f"put answered {line!r}")
-            lat.append(t_rx - t0)
+            t0_ns, t_rx, _line, _rest = _put_then_read(prod, prod, b"INSERTED ")
+            lat.append(t_rx - t0_ns)
     return _quantiles(lat)
 
 
-def handoff_samples(port: int, n: int, settle: float = 0.0005) -> dict:
-    """n hand-offs (see Bench.run_handoff): p50/p99/max in µs, and the server's side."""
-    lat, server = [], []
+def handoffs(port: int, n: int, settle: float = 0.0005) -> Iterator[tuple[float, int, int]]:
+    """n hand-offs: a worker sends `reserve`, after `settle` s a producer puts a job, the
+    worker reads it and deletes it. Each: (seconds from the send until the worker holds
+    the job, the send's ns, when the RESERVED reached the worker's socket in ns)."""
     with stamped(socket.create_connection(("127.0.0.1", port))) as w, \
             stamped(socket.create_connection(("127.0.0.1", port))) as prod:
         for _ in range(n):
             w.sendall(b"reserve\r\n")
             time.sleep(settle)  # the reserve is parked in the server before the put
             t0 = time.perf_counter()
-            t0_ns = time.time_ns()
-            prod.sendall(PUT)
-            first, t_rx = recv_stamped(w)
-            line, rest = read_line(w, first)
-            if not line.startswith(b"RESERVED "):
-                raise RuntimeError(f"reserve answered {line!r}")
+            t0_ns, t_rx, line, rest = _put_then_read(prod, w, b"RESERVED ")
             recv_until(w, rest, int(line.split()[2]) + 2)
-            lat.append(time.perf_counter() - t0)
-            server.append(t_rx - t0_ns)
+            held = time.perf_counter() - t0
             ins, _ = read_line(prod, b"")
             if not ins.startswith(b"INSERTED "):
                 raise RuntimeError(f"put answered {ins!r}")
@@ -622,6 +626,15 @@ def handoff_samples(port: int, n: int, settle: float = 0.0005) -> dict:
             d, _ = read_line(w, b"")
             if d != b"DELETED":
                 raise RuntimeError(f"delete answered {d!r}")
+            yield held, t0_ns, t_rx
+
+
+def handoff_samples(port: int, n: int, settle: float = 0.0005) -> dict:
+    """n hand-offs (see Bench.run_handoff): p50/p99/max in µs, and the server's side."""
+    lat, server = [], []
+    for held, t0_ns, t_rx in handoffs(port, n, settle):
+        lat.append(held)
+        server.append(t_rx - t0_ns)
     lat.sort()
     us = [1e6 * x for x in lat]
     return {"p50_us": round(us[len(us) // 2], 1), "p99_us": round(us[int(len(us) * 0.99)], 1),

@@ -32,7 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from measure import PUT, read_line, recv_stamped, recv_until, stamped  # noqa: E402
+from measure import handoffs  # noqa: E402
 
 PARTS = (
     ("the put's send -> trio's epoll wait returns", 0, 1),
@@ -47,23 +47,8 @@ PARTS = (
 
 def client(port: int, n: int, settle: float) -> list[tuple[int, int]]:
     """n hand-offs after 50 of warm-up: (send ns, kernel receive ns) each."""
-    out = []
-    with stamped(socket.create_connection(("127.0.0.1", port))) as w, \
-            stamped(socket.create_connection(("127.0.0.1", port))) as prod:
-        for i in range(n + 50):
-            w.sendall(b"reserve\r\n")
-            time.sleep(settle)
-            t0 = time.time_ns()
-            prod.sendall(PUT)
-            first, t_rx = recv_stamped(w)
-            line, rest = read_line(w, first)
-            recv_until(w, rest, int(line.split()[2]) + 2)
-            read_line(prod, b"")
-            w.sendall(b"delete %s\r\n" % line.split()[1])
-            read_line(w, b"")
-            if i >= 50:
-                out.append((t0, t_rx))
-    return out
+    stamps = [(t0_ns, t_rx) for _held, t0_ns, t_rx in handoffs(port, n + 50, settle)]
+    return stamps[50:]
 
 
 def serve_stamped(port: int, n: int, settle: float) -> dict:
