@@ -1,4 +1,5 @@
-"""The benchmark harness (bench/run.py) runs end to end in its tiny mode.
+"""The benchmark harness (bench/run.py) runs end to end in its tiny mode, and
+bench/wakeparts.py, which patches trio's internals to stamp them, still can.
 
 Not a performance test: no number is judged, only that both servers and the
 floor (bench/floor.py) were driven in every durability mode, the open-loop
@@ -12,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..support.procs import REPO, needs_beanstalkd
+from ..support.procs import REPO, free_port, needs_beanstalkd
 
 SERVERS = ("smallstalk", "beanstalkd")
 
@@ -104,3 +105,19 @@ def test_bench_tiny_mode_produces_table_and_json(tmp_path: Path) -> None:
 
     md = (out / "latest-tiny.md").read_text()
     assert "| mode | workload | conns |" in md and "|---" in md and "ss/floor" in md
+
+
+def test_wakeparts_stamps_every_part_of_a_hand_off() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "wakeparts.py"), "--samples", "30",
+         "--port", str(free_port())],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    rows = {line[:52].strip(): line[52:].split() for line in proc.stdout.splitlines()
+            if line[:1] in ("t", "-", "(", "s") and len(line) > 52}
+    assert "30 hand-offs" in proc.stdout
+    parts = [r for name, r in rows.items() if name != "part"]
+    assert len(parts) == 7, rows
+    for p50, p90, p99 in parts:  # every stamp was taken: no part is negative or absurd
+        assert 0 <= float(p50) <= float(p90) <= float(p99) < 1e6
