@@ -551,8 +551,7 @@ def _summary(r: dict) -> str:
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's number
 STAMP = struct.Struct("qq")  # the control message: struct timespec
-BODY = b"x" * 100
-PUT = b"put 1024 0 60 %d\r\n%s\r\n" % (len(BODY), BODY)
+PUT = loadgen.put_command()  # the bench's put: 100 bytes, pri 1024, ttr 60
 
 
 def stamped(s: socket.socket) -> socket.socket:
@@ -576,9 +575,9 @@ def recv_stamped(s: socket.socket) -> tuple[bytes, int]:
 
 
 def _quantiles(xs_ns: list[int], prefix: str = "") -> dict:
-    us = sorted(x / 1000 for x in xs_ns)
-    return {f"{prefix}p50_us": round(us[len(us) // 2], 1),
-            f"{prefix}p99_us": round(us[int(len(us) * 0.99)], 1)}
+    ns = sorted(xs_ns)
+    return {f"{prefix}p{round(q * 100)}_us": round(loadgen.percentile(ns, q) / 1000, 1)
+            for q in (0.5, 0.99)}
 
 
 def _put_then_read(prod: socket.socket, reader: socket.socket,
@@ -633,13 +632,10 @@ def handoff_samples(port: int, n: int, settle: float = 0.0005) -> dict:
     """n hand-offs (see Bench.run_handoff): p50/p99/max in µs, and the server's side."""
     lat, server = [], []
     for held, t0_ns, t_rx in handoffs(port, n, settle):
-        lat.append(held)
+        lat.append(round(held * 1e9))
         server.append(t_rx - t0_ns)
-    lat.sort()
-    us = [1e6 * x for x in lat]
-    return {"p50_us": round(us[len(us) // 2], 1), "p99_us": round(us[int(len(us) * 0.99)], 1),
-            "max_us": round(us[-1], 1), "mean_us": round(sum(us) / len(us), 1),
-            **_quantiles(server, "server_")}
+    return {**_quantiles(lat), "max_us": round(max(lat) / 1000, 1),
+            "mean_us": round(sum(lat) / len(lat) / 1000, 1), **_quantiles(server, "server_")}
 
 
 def spawn_to_first_reply(bench: Bench, kind: str, with_dir: bool,

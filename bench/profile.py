@@ -309,8 +309,7 @@ class _Conn:
             else dialect.parser(lp.max_job_size)
         self.read_bytes = self.submitted = 0
         self.replies: list[bytes] = []
-        self.session = lp.open_session(self.deliver) if dialect is None \
-            else lp.open_session(self.deliver, dialect=dialect)
+        self.session = lp.open_session(self.deliver, dialect=dialect)
         self.job = b""
         self.jobs: list[bytes] = []  # rd-batch: the ids of the last batch
         self.keys = 0  # put-unique: keys used so far
@@ -391,7 +390,7 @@ async def _count_run(workload: str, per_turn: int, ops: int, mode: str, profile,
                 from smallstalk.server.memcache_dispatch import McService
 
                 service = McService()
-            conns = [_Conn(lp, Parser, service and service.session())
+            conns = [_Conn(lp, Parser, service.session() if service else None)
                      for _ in range(per_turn)]
             producers = [_Conn(lp, Parser) for _ in range(per_turn)] \
                 if workload == "handoff" else conns

@@ -32,6 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from loadgen import percentile  # noqa: E402
 from measure import handoffs  # noqa: E402
 
 PARTS = (
@@ -122,7 +123,7 @@ def report(rows: list[tuple[int, ...]]) -> None:
     print(f"{'part':52} {'p50':>7} {'p90':>7} {'p99':>7}")
     for name, a, b in PARTS:
         xs = sorted((r[b] - r[a]) / 1000 for r in rows)
-        q = [xs[int(p * (len(xs) - 1))] for p in (0.5, 0.9, 0.99)]
+        q = [percentile(xs, p) for p in (0.5, 0.9, 0.99)]
         print(f"{name:52} {q[0]:7.1f} {q[1]:7.1f} {q[2]:7.1f}")
     sys.stdout.flush()
 

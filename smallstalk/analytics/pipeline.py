@@ -336,8 +336,7 @@ def lifecycles(records: DataFrame) -> DataFrame:
     def from_start(c: str) -> Column:
         return F.max(F.when(col("op").isin("put", "snapshot"), col(c)))
 
-    def seeded(counter: str, event: str | Column) -> Column:
-        happened = col("op") == event if isinstance(event, str) else event
+    def seeded(counter: str, happened: Column) -> Column:
         return (F.sum(F.when(happened, 1).otherwise(0))
                 + F.coalesce(F.max(F.when(is_snap, col(f"snap.{counter}"))), F.lit(0))
                 ).cast("long")
@@ -354,11 +353,11 @@ def lifecycles(records: DataFrame) -> DataFrame:
         from_start("body_size").alias("body_size"),
         F.when(seed_reserves == 0, F.min(F.when(col("op") == "reserve", col("time"))))
         .alias("first_reserve_ns"),
-        seeded("reserves", "reserve").alias("reserves"),
-        seeded("releases", "release").alias("releases"),
+        seeded("reserves", col("op") == "reserve").alias("reserves"),
+        seeded("releases", col("op") == "release").alias("releases"),
         seeded("buries", is_bury(col("from_state"), col("state"))).alias("buries"),
-        seeded("timeouts", "timeout").alias("timeouts"),
-        seeded("kicks", "kick").alias("kicks"),
+        seeded("timeouts", col("op") == "timeout").alias("timeouts"),
+        seeded("kicks", col("op") == "kick").alias("kicks"),
         F.sum(F.when(col("op") == "touch", 1).otherwise(0)).cast("long").alias("touches"),
         (F.sum(col("implicit").cast("int")) + F.sum(col("op").isin(*IMPLICIT_OPS).cast("int")))
         .cast("long").alias("implicit_releases"),

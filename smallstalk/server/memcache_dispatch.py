@@ -182,7 +182,7 @@ def max_age(expiry: int, now: int) -> int:
 
 
 def mc_set(lp: dispatch.Loop, s: Session, cmd: m.McSet):
-    s.dialect.service.counters["cmd_set"] += 1
+    s.dialect.service.counters["cmd_set"] += 1  # McService.count, inlined: every SET
     if cmd.too_big:
         reply = m.NOT_STORED
     elif lp.read_only:
@@ -201,7 +201,7 @@ def mc_set(lp: dispatch.Loop, s: Session, cmd: m.McSet):
 
 def mc_get(lp: dispatch.Loop, s: Session, cmd: m.McGet):
     svc = s.dialect.service
-    svc.counters["cmd_peek" if cmd.peek else "cmd_get"] += 1
+    svc.counters["cmd_peek" if cmd.peek else "cmd_get"] += 1  # svc.count, inlined: every GET
     if lp.read_only and not cmd.peek:
         return READ_ONLY
     st = lp.state
