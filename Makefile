@@ -10,7 +10,7 @@ PORT ?= 11300
 HTTP_PORT ?= 11380
 
 .PHONY: run test test-fast lint bench fixtures clean system-packages fuse-packages mutation \
-	dist wheelhouse
+	dist wheelhouse compiled pure
 
 # Debian packages the tests use: the real beanstalkd to compare with, Java for
 # Spark, zip for the package the Spark cluster test ships, Node for the
@@ -81,9 +81,16 @@ run: $(STAMP)
 	@echo "console: http://127.0.0.1:$(HTTP_PORT)/ (metrics at /metrics)"
 	$(BIN)/smallstalk serve -l 127.0.0.1 -p $(PORT) --data-dir $(DATA) --http 127.0.0.1:$(HTTP_PORT)
 
+# The suite against the pure-Python modules (the reference), then the in-process
+# tests again against the compiled state (tools/compile.py, into build/compiled):
+# --import-mode=append lets PYTHONPATH's copy win over the checkout.
+COMPILED_COPY := build/compiled
 test: $(FULL) system-packages
 	$(BIN)/ruff check smallstalk tests
 	$(BIN)/pytest -q
+	$(BIN)/python tools/compile.py --quiet --out $(COMPILED_COPY)
+	PYTHONPATH=$(COMPILED_COPY) SMALLSTALK_BUILD="compiled state" \
+	  $(BIN)/pytest -q -p no:cacheprovider --import-mode=append tests/unit tests/inproc
 
 test-fast: $(STAMP)
 	$(BIN)/ruff check smallstalk tests
@@ -119,6 +126,15 @@ dist: $(STAMP) wheelhouse
 	$(PODMAN) build --format docker $(IMAGE_BUILD_FLAGS) -t $(IMAGE):$$version \
 	  -t $(IMAGE):latest -f Containerfile .; \
 	echo "dist/: sdist and wheel $$version; image $(IMAGE):$$version"
+
+# The optional compiled state (docs/PERFORMANCE.md, "The compiled state"): Cython
+# over the State chain's modules, beside the sources, which Python then imports
+# first; `make pure` goes back to the reference. Needs a C compiler.
+compiled: $(STAMP)
+	$(BIN)/python tools/compile.py --inplace
+
+pure:
+	rm -f smallstalk/core/*.so
 
 lint: $(STAMP)
 	$(BIN)/ruff check smallstalk tests

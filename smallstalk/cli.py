@@ -29,7 +29,7 @@ from smallstalk.config import (
 )
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
-from smallstalk.core.state import State
+from smallstalk.core.state import BUILD, State
 from smallstalk.replication.feed import Hooks, new_history
 from smallstalk.server import tls
 from smallstalk.server.admin import AdminPolicy, parse_allow, read_token
@@ -242,7 +242,7 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
             where = ", ".join([listen.describe(s) for s in sockets] +
                               [f"{listen.describe(s)} (TLS)" for s in tls_sockets] +
                               [f"{listen.describe(s)} (memcache)" for s in memcache_sockets])
-            log.info("smallstalk %s listening on %s (fsync %s%s)", __version__, where,
+            log.info("smallstalk %s (%s) listening on %s (fsync %s%s)", __version__, BUILD, where,
                      cfg.fsync if journal else "n/a, in memory",
                      f", replica of {cfg.replica_of[0]}:{cfg.replica_of[1]}"
                      if cfg.replica_of else "")

@@ -228,6 +228,13 @@ PATH_OPTIONS = {f"--{key}": key.replace("-", "_") for key in (
 FSYNC_MODES = {"always": FSYNC_ALWAYS, "everysec": FSYNC_INTERVAL, "never": FSYNC_NEVER}
 
 
+def version_line() -> str:
+    """What `--version` prints: beanstalkd's "NAME VERSION", and the build."""
+    from smallstalk.core.state import BUILD  # not on the way to serving: see launch.py
+
+    return f"smallstalk {__version__} ({BUILD})"
+
+
 def parse_serve(argv: list[str]) -> ServeConfig | str:
     """Parse serve's flags; returns a config, or text to print and exit 0.
 
@@ -247,7 +254,7 @@ def parse_serve(argv: list[str]) -> ServeConfig | str:
                 flags_seen.append((name, ""))
                 continue
             if name == "--version":
-                return f"smallstalk {__version__}"
+                return version_line()
             if name not in LONG_OPTIONS:
                 raise UsageError(f"unknown option: {arg}")
             if not eq:
@@ -277,7 +284,7 @@ def parse_serve(argv: list[str]) -> ServeConfig | str:
             elif ch in "FV":
                 flags_seen.append((f"-{ch}", ""))
             elif ch == "v":
-                return f"smallstalk {__version__}"
+                return version_line()
             elif ch == "h":
                 return SERVE_HELP
             elif ch in "cn":

@@ -88,7 +88,7 @@ def counts_for(delay: int) -> tuple:
 # Where a million jobs are made (State.apply_put, storage/snapshot_codec.load),
 # Job.__init__ is inlined: object.__new__ and the attribute stores, no __init__ call.
 # tests/unit/test_put_fastpath.py checks that those places set every slot.
-new_bare_job = object.__new__
+new_bare_job = Job.__new__
 
 
 SHARED_INTS = 4096  # distinct values a state shares (Moves.ints); past that, copies

@@ -31,10 +31,12 @@ from smallstalk.core.model import (
     share,
     swap_remove,
 )
+from smallstalk.core.queries import Queries
 
 
-class Moves:
-    """Mixed into State: its fields, and the steps that change them."""
+class Moves(Queries):
+    """The middle of the State chain (Queries, Moves, State): its fields, and
+    the steps that change them."""
 
     def __init__(self) -> None:
         self.jobs: dict[int, Job] = {}
@@ -108,10 +110,10 @@ class Moves:
         swap_remove(self.tube_order, t.name)
 
     def _conn(self, cid: int, logged: bool = True) -> Conn:
-        c = self.conns.get(cid)
+        c: Conn = self.conns.get(cid)
         if c is None:
             c = self.conns[cid] = Conn(cid)
-            default = self.tubes[DEFAULT_TUBE]
+            default: Tube = self.tubes[DEFAULT_TUBE]
             default.using_n += 1
             default.watching_n += 1
         if logged:
@@ -129,7 +131,7 @@ class Moves:
 
     def _leave(self, j: Job) -> None:
         """Take a job out of its current state's sets and counters."""
-        t = j.tube
+        t: Tube = j.tube
         st = j.state
         if st == READY:
             t.ready_n -= 1
@@ -155,7 +157,7 @@ class Moves:
         j.gen += 1  # every heap entry of the old state is now stale
 
     def _enter_ready(self, j: Job) -> None:
-        t = j.tube
+        t: Tube = j.tube
         j.state = READY
         j.deadline = 0  # meaningful only while delayed or reserved
         heapq.heappush(t.ready, ready_key(j))
@@ -168,7 +170,7 @@ class Moves:
             self.urgent_n += 1
 
     def enter_delayed(self, j: Job, deadline: int) -> None:
-        t = j.tube
+        t: Tube = j.tube
         j.state = DELAYED
         j.deadline = deadline
         entry = (deadline, j.id, j.gen)
@@ -180,7 +182,7 @@ class Moves:
         self.delayed_n += 1
 
     def enter_reserved(self, j: Job, c: Conn, deadline: int) -> None:
-        t = j.tube
+        t: Tube = j.tube
         j.state = RESERVED
         j.reserver = c.id
         j.deadline = deadline
@@ -236,7 +238,7 @@ class Moves:
 
     def _depart(self, j: Job) -> Tube:
         """Take a job (already out of its state's sets) out of its tube's counts."""
-        t = j.tube
+        t: Tube = j.tube
         n = body_len(j.body)
         t.jobs_n -= 1
         t.bytes_n -= n
@@ -249,7 +251,7 @@ class Moves:
     def _remove(self, j: Job) -> Tube:
         """Forget a job entirely; the caller counts why and may drop the tube."""
         self._leave(j)
-        t = self._depart(j)
+        t: Tube = self._depart(j)
         del self.jobs[j.id]
         if self.expires:
             self.expires.pop(j.id, None)

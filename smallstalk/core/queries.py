@@ -53,7 +53,8 @@ def _after_key(keys: list[tuple], cursor: tuple, count: int) -> list[int]:
 
 
 class Queries:
-    """Mixed into State: reads the fields `Moves.__init__` sets."""
+    """The root of the State chain (Queries, Moves, State): reads the fields
+    `Moves.__init__` sets."""
 
     def conn(self, cid: int) -> Conn | None:
         return self.conns.get(cid)
@@ -73,6 +74,7 @@ class Queries:
     def _top_ready(self, t: Tube) -> Job | None:
         heap = t.ready
         jobs = self.jobs
+        j: Job
         while heap:
             key = heap[0]
             j = jobs.get((key >> 32) & M64)
@@ -84,6 +86,7 @@ class Queries:
     def _heap_top(self, heap: list, *states: int) -> Job | None:
         """The job at the top of a (key, id, gen) heap, dropping stale entries."""
         jobs = self.jobs
+        j: Job
         while heap:
             _, jid, gen = heap[0]
             j = jobs.get(jid)
@@ -111,9 +114,11 @@ class Queries:
 
     def best_ready(self, cid: int, now: int) -> Job | None:
         """The job a reserve by `cid` gets now: lowest (pri, id) in unpaused watched tubes."""
-        best = None
+        best: Job = None
+        j: Job
+        t: Tube
         limits = self.limits
-        c = self.conns.get(cid)  # watch_of, inlined
+        c: Conn = self.conns.get(cid)  # watch_of, inlined
         tubes = self.tubes
         for name in c.watch if c else (DEFAULT_TUBE,):
             t = tubes[name]
@@ -178,8 +183,10 @@ class Queries:
         """(waiting conn, job) for the best job any waiter can take now, or None."""
         if not self.waiting_n:
             return None
-        best = None
-        best_tube = None
+        best: Job = None
+        best_tube: Tube = None
+        j: Job
+        t: Tube
         limits = self.limits
         for name in self.waited:  # (pri, id) is unique: the order of the walk does not matter
             t = self.tubes[name]

@@ -50,9 +50,11 @@ from smallstalk.core.model import (
     RESERVED,
     URGENT_THRESHOLD,
     ZERO_COUNTS,
+    Conn,
     Job,
     Limit,
     StateError,
+    Tube,
     body_len,
     fanout_parent,
     new_bare_job,
@@ -60,16 +62,21 @@ from smallstalk.core.model import (
     swap_remove,
 )
 from smallstalk.core.moves import Moves
-from smallstalk.core.queries import Queries
+
+# Which build of this module runs: the pure-Python reference (what `pip install`
+# gives), or the extension module tools/compile.py makes of it (`make compiled`).
+BUILD = "pure Python" if __file__.endswith(".py") else "compiled state"
 
 # The names callers import from here: the state and what its answers are made of.
+# (Job, Tube and Conn come from model.py: in the compiled build they are
+# types this module declares, not names it holds.)
 __all__ = [
-    "BURIED", "DEFAULT_TUBE", "DELAYED", "NS", "READY", "RESERVED", "URGENT_THRESHOLD", "Job",
-    "State", "StateError", "body_len",
+    "BUILD", "BURIED", "DEFAULT_TUBE", "DELAYED", "NS", "READY", "RESERVED",
+    "URGENT_THRESHOLD", "State", "StateError", "body_len",
 ]
 
 
-class State(Moves, Queries):
+class State(Moves):
     """The queue state: `apply` a record to change it (the moves it is made of
     are moves.py's), ask it through the queries (queries.py)."""
 
@@ -118,18 +125,18 @@ class State(Moves, Queries):
                 self.time = time
             if not seq & 0xFFFF:
                 self.compact_heaps()
-        c = self.conns.get(conn)
+        c: Conn = self.conns.get(conn)
         if c is None or not c.logged or conn >= self.next_conn_id:
             self._conn(conn)
         jobs = self.jobs
         if id in jobs or id < self.next_job_id:
             raise StateError(f"job id {id} reused")
-        t = self.tubes.get(tube)
+        t: Tube = self.tubes.get(tube)
         if t is None:
             t = self.add_tube(tube)
         # Job(id, t, pri, delay, max(ttr, 1), body, time), without the call
         # to __init__ (a third of the cost of making a job).
-        j = new_bare_job(Job)
+        j: Job = new_bare_job(Job)
         j.id = id
         j.tube = t
         # share(self.ints, ...), inlined: a restart makes a million of these.
@@ -188,18 +195,18 @@ class State(Moves, Queries):
                 self.time = time
             if not seq & 0xFFFF:
                 self.compact_heaps()
-        j = self.jobs.get(id)
+        j: Job = self.jobs.get(id)
         if j is None:
             raise StateError(f"job {id} does not exist")
         st = j.state
         if st == RESERVED:
             raise StateError(f"job {id} is already reserved")
-        c = self.conns.get(conn)
+        c: Conn = self.conns.get(conn)
         if c is None or not c.logged or conn >= self.next_conn_id:
             c = self._conn(conn)
         if c.waiting:
             self._stop_waiting(c)
-        t = j.tube
+        t: Tube = j.tube
         if st == READY:  # _leave, the everyday case
             t.ready_n -= 1
             self.ready_n -= 1
@@ -234,12 +241,13 @@ class State(Moves, Queries):
                 self.time = time
             if not seq & 0xFFFF:
                 self.compact_heaps()
-        j = self.jobs.get(id)
+        j: Job = self.jobs.get(id)
         if j is None:
             raise StateError(f"job {id} does not exist")
-        c = self.conns.get(conn)
+        c: Conn = self.conns.get(conn)
         if c is None or not c.logged or conn >= self.next_conn_id:
             c = self._conn(conn)
+        t: Tube
         if j.state != RESERVED:
             t = self._remove(j)
         else:

@@ -20,7 +20,8 @@ from typing import Protocol
 
 from smallstalk.core import records as r
 from smallstalk.core.explain import iso as _iso
-from smallstalk.core.state import NS, Job, State
+from smallstalk.core.model import Job
+from smallstalk.core.state import NS, State
 from smallstalk.server.policy import Policies, TubePolicy
 
 

@@ -40,9 +40,9 @@ from smallstalk import __version__
 from smallstalk.core import memcache as m
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
-from smallstalk.core.model import fanout_parent
+from smallstalk.core.model import Job, fanout_parent
 from smallstalk.core.parser import U32_MAX
-from smallstalk.core.state import NS, Job, State
+from smallstalk.core.state import NS, State
 from smallstalk.server import dispatch, holdback
 from smallstalk.server.commit import Unavailable
 from smallstalk.storage.bodies import BodyError

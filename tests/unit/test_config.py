@@ -17,6 +17,7 @@ from smallstalk.config import (
     server_changes,
     tls_address,
 )
+from smallstalk.core.state import BUILD
 from smallstalk.launch import listen_address
 from smallstalk.ops import config_dump as configcmd
 from smallstalk.server.policy import TubePolicy, render
@@ -305,8 +306,8 @@ def test_every_key_is_documented() -> None:
 
 
 def test_version_flag_prints_the_package_version() -> None:
-    assert parse_serve(["--version"]) == f"smallstalk {__version__}"
-    assert parse_serve(["-v"]) == f"smallstalk {__version__}"  # beanstalkd's short flag
+    assert parse_serve(["--version"]) == f"smallstalk {__version__} ({BUILD})"
+    assert parse_serve(["-v"]) == f"smallstalk {__version__} ({BUILD})"  # beanstalkd's short flag
 
 
 def test_admin_settings_from_flags_and_the_file(tmp_path: Path) -> None:

@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from smallstalk.core import records as r
-from smallstalk.core.state import BURIED, READY, RESERVED, Job, State, StateError
+from smallstalk.core.model import Job
+from smallstalk.core.state import BURIED, READY, RESERVED, State, StateError
 from smallstalk.storage import aof, datadir, logread, recovery, snapshot, snapshot_codec
 from smallstalk.storage.aof import CorruptionError
 from smallstalk.storage.encoder import LiveEncoder

@@ -1,0 +1,18 @@
+# Declarations for the optional compiled build (tools/compile.py): with this
+# file Cython makes these classes extension types with their fields in the
+# object; model.py stays the pure-Python reference (docs/PERFORMANCE.md).
+
+cdef class Job:
+    cdef public object id, tube, pri, ttr, body, state, created, deadline, gen, counts
+
+cdef class Tube:
+    cdef public object name, ready, delayed, buried, ready_n, urgent_n, reserved_n
+    cdef public object delayed_n, jobs_n, total_jobs, cmd_delete, cmd_pause, pause
+    cdef public object unpause_at, using_n, watching_n, waiting, bytes_n, spilled_n
+    cdef public object expired_n, discarded_n, arrivals
+
+cdef class Limit:
+    cdef public object max_reserved, rate, period, interval, tolerance, tat
+
+cdef class Conn:
+    cdef public object id, use, watch, reserved, logged, waiting, wait_deadline

@@ -1,0 +1,117 @@
+"""Build the optional compiled state: Cython over the pure modules named in
+COMPILED, typed by the .pxd files beside them, into a copy of the package.
+
+The pure-Python modules stay the reference and what `pip install` gives: the
+compiled build is an accelerator a user asks for (`make compiled`), and the
+in-process tests run against both (`make test`). Usage:
+
+    .venv/bin/python tools/compile.py [--out build/compiled] [--jobs 2]
+
+then `PYTHONPATH=build/compiled smallstalk serve ...`, or `--inplace` to put
+the extension modules beside the sources (Python then imports them first;
+`make pure` removes them). `smallstalk --version` says which build runs.
+Needs Cython (`pip install cython`) and a C compiler; without either it
+says so in one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# The modules compiled, each with its .pxd: the State chain and what it is made of.
+COMPILED = ["smallstalk/core/model.py", "smallstalk/core/queries.py",
+            "smallstalk/core/moves.py", "smallstalk/core/state.py"]
+
+
+def _copy_package(out: Path) -> None:
+    """A fresh copy of the package under `out`, without caches or old builds."""
+    dest = out / "smallstalk"
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(ROOT / "smallstalk", dest,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.c"))
+
+
+@contextlib.contextmanager
+def _output(quiet: bool):
+    """With `quiet`, Cython's and the compiler's output only if the build fails."""
+    if not quiet:
+        yield
+        return
+    with tempfile.TemporaryFile("w+") as out:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+        try:
+            yield
+        except BaseException:  # setup() says a failed compile with SystemExit
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            out.seek(0)
+            sys.stderr.write(out.read())
+            raise
+        finally:
+            for fd, saved_fd in ((1, saved[0]), (2, saved[1])):
+                os.dup2(saved_fd, fd)
+                os.close(saved_fd)
+
+
+def build(where: Path, jobs: int, quiet: bool = False) -> list[Path]:
+    """Compile COMPILED in place under `where` (a directory holding smallstalk/);
+    `quiet`: the compiler's output only if it fails."""
+    try:
+        from Cython.Build import cythonize
+        from setuptools import Extension, setup
+    except ImportError as e:
+        raise SystemExit(f"tools/compile.py: {e.name} is missing; `pip install cython` "
+                         "(the pure-Python build needs nothing)") from None
+    os.chdir(where)
+    exts = [Extension(m[:-3].replace("/", "."), [m]) for m in COMPILED]
+    args = ["-q", "build_ext", "--inplace", "-j", str(jobs),
+            "--build-temp", str(where / "build-temp")]
+    with _output(quiet):
+        modules = cythonize(exts, language_level=3, quiet=True)
+        setup(name="smallstalk-compiled", ext_modules=modules, script_args=args)
+    shutil.rmtree(where / "build-temp", ignore_errors=True)
+    built = []
+    for m in COMPILED:
+        found = sorted(Path(m).parent.glob(Path(m).stem + ".*.so"))
+        if not found:
+            raise SystemExit(f"tools/compile.py: no extension module for {m}")
+        built.append(where / found[0])
+        (where / m[:-3]).with_suffix(".c").unlink(missing_ok=True)
+    return built
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "build" / "compiled",
+                    help="where the compiled copy of the package goes")
+    ap.add_argument("--inplace", action="store_true",
+                    help="compile beside the sources instead of into a copy")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--quiet", action="store_true", help="no compiler output unless it fails")
+    args = ap.parse_args(argv)
+    if args.inplace:
+        where = ROOT
+    else:
+        where = args.out.resolve()
+        where.mkdir(parents=True, exist_ok=True)
+        _copy_package(where)
+    for so in build(where, args.jobs, args.quiet):
+        print(so.relative_to(where))
+    if not args.inplace:
+        print(f"run it with PYTHONPATH={where}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
