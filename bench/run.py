@@ -48,6 +48,7 @@ from servers import (  # noqa: E402
     beanstalkd_version,
     loadavg,
     python_facts,
+    smallstalk_build,
 )
 from targets import evaluate_targets  # noqa: E402
 
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             "procs": args.procs, "nproc": os.cpu_count(), "host": platform.node(),
             "python": platform.python_version(), "python_facts": python_facts(),
             "beanstalkd": beanstalkd_version(),
-            "git": bench.git,
+            "git": bench.git, "build": smallstalk_build(bench.src),
             "source": "working tree (live)" if bench.src is None
             else "snapshot of smallstalk/ taken at the start",
             "elapsed_s": round(time.monotonic() - started, 1),

@@ -330,6 +330,16 @@ def git_info(src: Path | None = None) -> dict:
             "smallstalk_src_sha256": digest.hexdigest()[:16]}
 
 
+def smallstalk_build(src: Path | None = None) -> str:
+    """Which build of smallstalk's state the servers run (`src` or the working
+    tree's): "pure Python", or "compiled state" after `make compiled`."""
+    env = dict(os.environ, PYTHONPATH=str(src or REPO))
+    out = subprocess.run([sys.executable, "-c",
+                          "from smallstalk.core.state import BUILD; print(BUILD)"],
+                         env=env, cwd="/", capture_output=True, text=True, timeout=30)
+    return out.stdout.strip() or "unknown"
+
+
 def beanstalkd_version() -> str:
     try:
         return subprocess.run([beanstalkd_path(), "-v"], capture_output=True, text=True,

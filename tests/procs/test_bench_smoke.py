@@ -40,6 +40,8 @@ def test_bench_tiny_mode_produces_table_and_json(tmp_path: Path) -> None:
     stamped = [p for p in out.glob("*.json") if not p.name.startswith("latest")]
     assert len(stamped) == 1 and json.loads(stamped[0].read_text()) == results
     assert results["meta"]["preset"] == "tiny"
+    assert results["meta"]["build"] == "pure Python"  # the checkout's, as the table says
+    assert "pure Python" in text
 
     points = results["points"]
     assert {p["mode"] for p in points} == {"memory", "never", "always"}
