@@ -25,9 +25,14 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# The modules compiled, each with its .pxd: the State chain and what it is made of.
+# The modules compiled, each with its .pxd: the State chain and what it is
+# made of, the snapshot codec (a restart makes every job there), and the
+# classes whose fields no one else reads: the parser, the records' encoder
+# and the segment writer with the frame decoder.
 COMPILED = ["smallstalk/core/model.py", "smallstalk/core/queries.py",
-            "smallstalk/core/moves.py", "smallstalk/core/state.py"]
+            "smallstalk/core/moves.py", "smallstalk/core/state.py",
+            "smallstalk/storage/snapshot_codec.py", "smallstalk/core/parser.py",
+            "smallstalk/storage/encoder.py", "smallstalk/storage/aof.py"]
 
 
 def _copy_package(out: Path) -> None:

@@ -1,3 +1,6 @@
+# cython: annotation_typing=False
+# (For the compiled build, tools/compile.py: these `bytes` annotations also
+# take bytearray slices, which a typed argument would refuse.)
 """The beanstalkd text protocol as a pure state machine over bytes (no sockets, no trio).
 
 Theory of operation (in the manner of h11): a `Parser` is fed whatever bytes a

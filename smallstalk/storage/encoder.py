@@ -1,3 +1,6 @@
+# cython: annotation_typing=False
+# (For the compiled build, tools/compile.py: a wrong body is cbor2's error to
+# raise, as in the pure module, not an argument check's.)
 """The live path's record encoder: the everyday records (a put, a reserve or
 delete, a keyed put) encoded straight from their fields, into one reused
 buffer, with the same bytes as `records.encode` of the record."""

@@ -97,7 +97,7 @@ def load(items: Iterable[list]) -> State:
     A job's body may already be an int reference (a reader that keeps
     bodies on disk puts it there); it is counted as spilled.
     """
-    s = State()
+    s: State = State()
     s.tubes.clear()
     s.tube_order.clear()
     s.fanout.clear()
@@ -111,7 +111,9 @@ def load(items: Iterable[list]) -> State:
     last_created = None
     # Jobs come in runs of one tube: the tube and its ready keys are looked
     # up when the name changes. Any other item may change the tubes.
-    last_tube = t = keys = None
+    t: Tube = None
+    j: Job
+    last_tube = keys = None
     # The bulk of a big snapshot is job items: this loop is the restart time
     # (see the README's start-up row), so it stays flat and call-free.
     for item in items:

@@ -1,0 +1,6 @@
+# The compiled build's declarations (see model.pxd): the parser's own fields,
+# read by no one else, so compiling it costs nothing at its boundary.
+
+cdef class Parser:
+    cdef public object _buf, _mode, _put, _skip, max_job_size, _last, _skip_reply
+    cdef public object _last_unique
