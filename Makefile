@@ -82,14 +82,14 @@ run: $(STAMP)
 	$(BIN)/smallstalk serve -l 127.0.0.1 -p $(PORT) --data-dir $(DATA) --http 127.0.0.1:$(HTTP_PORT)
 
 # The suite against the pure-Python modules (the reference), then the in-process
-# tests again against the compiled state (tools/compile.py, into build/compiled):
+# tests again against the compiled build (tools/compile.py, into build/compiled):
 # --import-mode=append lets PYTHONPATH's copy win over the checkout.
 COMPILED_COPY := build/compiled
 test: $(FULL) system-packages
 	$(BIN)/ruff check smallstalk tests
 	$(BIN)/pytest -q
-	$(BIN)/python tools/compile.py --quiet --out $(COMPILED_COPY)
-	PYTHONPATH=$(COMPILED_COPY) SMALLSTALK_BUILD="compiled state" \
+	$(BIN)/python tools/compile.py --quiet --quick --out $(COMPILED_COPY)
+	PYTHONPATH=$(COMPILED_COPY) SMALLSTALK_BUILD=compiled \
 	  $(BIN)/pytest -q -p no:cacheprovider --import-mode=append tests/unit tests/inproc
 
 test-fast: $(STAMP)
@@ -127,14 +127,14 @@ dist: $(STAMP) wheelhouse
 	  -t $(IMAGE):latest -f Containerfile .; \
 	echo "dist/: sdist and wheel $$version; image $(IMAGE):$$version"
 
-# The optional compiled state (docs/PERFORMANCE.md, "The compiled state"): Cython
-# over the State chain's modules, beside the sources, which Python then imports
+# The optional compiled build (docs/PERFORMANCE.md, "The compiled build"): Cython
+# over the modules tools/compile.py names, beside the sources, which Python imports
 # first; `make pure` goes back to the reference. Needs a C compiler.
 compiled: $(STAMP)
 	$(BIN)/python tools/compile.py --inplace
 
 pure:
-	rm -f smallstalk/core/*.so
+	rm -f smallstalk/*/*.so
 
 lint: $(STAMP)
 	$(BIN)/ruff check smallstalk tests

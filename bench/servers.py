@@ -332,7 +332,7 @@ def git_info(src: Path | None = None) -> dict:
 
 def smallstalk_build(src: Path | None = None) -> str:
     """Which build of smallstalk's state the servers run (`src` or the working
-    tree's): "pure Python", or "compiled state" after `make compiled`."""
+    tree's): "pure Python", or "compiled" after `make compiled`."""
     env = dict(os.environ, PYTHONPATH=str(src or REPO))
     out = subprocess.run([sys.executable, "-c",
                           "from smallstalk.core.state import BUILD; print(BUILD)"],

@@ -1,3 +1,6 @@
+# cython: annotation_typing=False
+# (For the compiled build, tools/compile.py: these `bytes` annotations also
+# take bytearray slices, which a typed argument would refuse.)
 """kestrel's memcache dialect as a pure state machine over bytes (no sockets, no trio).
 
 Theory of operation, as core/parser.py does it for beanstalkd: a `Parser` is

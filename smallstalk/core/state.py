@@ -63,9 +63,9 @@ from smallstalk.core.model import (
 )
 from smallstalk.core.moves import Moves
 
-# Which build of this module runs: the pure-Python reference (what `pip install`
-# gives), or the extension module tools/compile.py makes of it (`make compiled`).
-BUILD = "pure Python" if __file__.endswith(".py") else "compiled state"
+# Which build runs: the pure-Python reference (what `pip install` gives), or
+# the extension modules tools/compile.py makes (`make compiled`), this one among them.
+BUILD = "pure Python" if __file__.endswith(".py") else "compiled"
 
 # The names callers import from here: the state and what its answers are made of.
 # (Job, Tube and Conn come from model.py: in the compiled build they are
