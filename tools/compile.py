@@ -114,15 +114,22 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:  # after the interpreter's own flags (-O2 among them): this one wins
         os.environ["CFLAGS"] = os.environ.get("CFLAGS", "") + " -O0"
     if args.inplace:
-        where = ROOT
-    else:
-        where = args.out.resolve()
-        where.mkdir(parents=True, exist_ok=True)
-        _copy_package(where)
+        # Built in a copy all the same: setup() in the checkout would read the
+        # project's own pyproject.toml, which the venv's setuptools may not.
+        with tempfile.TemporaryDirectory(prefix="smallstalk-compile-") as tmp:
+            _copy_package(Path(tmp))
+            for so in build(Path(tmp), args.jobs, args.quiet):
+                rel = so.relative_to(tmp)
+                shutil.copy2(so, ROOT / rel)
+                print(rel)
+        print("the checkout runs the compiled build now (`make pure` to go back)")
+        return
+    where = args.out.resolve()
+    where.mkdir(parents=True, exist_ok=True)
+    _copy_package(where)
     for so in build(where, args.jobs, args.quiet):
         print(so.relative_to(where))
-    if not args.inplace:
-        print(f"run it with PYTHONPATH={where}")
+    print(f"run it with PYTHONPATH={where}")
 
 
 if __name__ == "__main__":
