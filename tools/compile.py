@@ -10,8 +10,8 @@ in-process tests run against both (`make test`). Usage:
 then `PYTHONPATH=build/compiled smallstalk serve ...`, or `--inplace` to put
 the extension modules beside the sources (Python then imports them first;
 `make pure` removes them). `smallstalk --version` says which build runs.
-Needs Cython (`pip install cython`) and a C compiler; without either it
-says so in one line and exits 2.
+Needs Cython (`pip install cython`) and a C compiler: without Cython it says
+so in one line, and a failed compile shows the compiler's output; both exit 1.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# The modules compiled, each with its .pxd: the State chain and what it is
-# made of, the snapshot codec (a restart makes every job there), and the
-# classes whose fields no one else reads: the two protocols' parsers, the
-# records' encoder and the segment writer with the frame decoder.
+# The modules compiled. With a .pxd declaring their classes' fields: the State
+# chain and what it is made of, the snapshot codec (a restart makes every job
+# there), and the classes whose fields no one else reads: the two protocols'
+# parsers, the records' encoder and the segment writer with the frame
+# decoder. As they are: the rest of a restart's reading.
 COMPILED = ["smallstalk/core/model.py", "smallstalk/core/queries.py",
             "smallstalk/core/moves.py", "smallstalk/core/state.py",
             "smallstalk/storage/snapshot_codec.py", "smallstalk/core/parser.py",
