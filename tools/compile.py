@@ -59,18 +59,17 @@ def _output(quiet: bool):
         saved = os.dup(1), os.dup(2)
         os.dup2(out.fileno(), 1)
         os.dup2(out.fileno(), 2)
+        failed = True  # setup() says a failed compile with SystemExit
         try:
             yield
-        except BaseException:  # setup() says a failed compile with SystemExit
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            out.seek(0)
-            sys.stderr.write(out.read())
-            raise
+            failed = False
         finally:
             for fd, saved_fd in ((1, saved[0]), (2, saved[1])):
                 os.dup2(saved_fd, fd)
                 os.close(saved_fd)
+            if failed:
+                out.seek(0)
+                sys.stderr.write(out.read())
 
 
 def build(where: Path, jobs: int, quiet: bool = False) -> list[Path]:

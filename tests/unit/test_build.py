@@ -10,6 +10,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 from smallstalk.core import model
 from smallstalk.core.state import BUILD
 
@@ -64,12 +66,25 @@ def test_the_build_under_test_is_the_one_asked_for() -> None:
         if want == "pure Python" else "the compiled copy was not the one imported")
 
 
-def test_every_module_with_declarations_is_compiled() -> None:
+def _tool():
+    """tools/compile.py, as a module."""
     sys.path.insert(0, str(PACKAGE.parent / "tools"))
     try:
         import compile as tool
     finally:
         sys.path.pop(0)
+    return tool
+
+
+def test_without_cython_the_tool_says_what_to_install(monkeypatch, tmp_path) -> None:
+    monkeypatch.setitem(sys.modules, "Cython.Build", None)  # an import of it fails
+    with pytest.raises(SystemExit) as e:
+        _tool().build(tmp_path, 1)
+    assert "`pip install cython`" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_every_module_with_declarations_is_compiled() -> None:
+    tool = _tool()
     pxds = {p.relative_to(PACKAGE.parent).with_suffix(".py").as_posix()
             for p in PACKAGE.rglob("*.pxd")}
     assert pxds <= set(tool.COMPILED)
