@@ -35,7 +35,10 @@ COMPILED = ["smallstalk/core/model.py", "smallstalk/core/queries.py",
             "smallstalk/storage/snapshot_codec.py", "smallstalk/core/parser.py",
             "smallstalk/core/memcache.py", "smallstalk/storage/encoder.py",
             "smallstalk/storage/aof.py", "smallstalk/storage/logread.py",
-            "smallstalk/storage/recovery.py", "smallstalk/storage/snapshot.py"]
+            "smallstalk/storage/recovery.py", "smallstalk/storage/snapshot.py",
+            "smallstalk/server/session.py", "smallstalk/server/commit.py",
+            "smallstalk/server/roles.py", "smallstalk/server/loop.py",
+            "smallstalk/server/dispatch.py", "smallstalk/server/connection.py"]
 
 
 def _copy_package(out: Path) -> None:

@@ -217,7 +217,7 @@ class _Connection:
         return (s.inflight > INPUT_AHEAD or s.inflight + s.owed > MAX_QUEUED_BYTES) \
             and not self.broken
 
-    def _received(self, data: bytes) -> None:
+    def _received(self, data: bytes | bytearray) -> None:
         if not data:
             self.eof = True
             self.lp.end_of_input(self.session)

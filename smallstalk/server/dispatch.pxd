@@ -1,0 +1,10 @@
+# The compiled build's declarations (see core/model.pxd): the everyday
+# commands' handlers take the loop (its fields declared on roles.pxd's Roles)
+# and the session typed.
+from smallstalk.core.state cimport State
+from smallstalk.server.roles cimport Roles
+from smallstalk.server.session cimport Session
+
+cpdef put(Roles lp, Session s, cmd)
+cpdef reserve(Roles lp, Session s, cmd)
+cpdef delete(Roles lp, Session s, cmd)

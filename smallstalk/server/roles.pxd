@@ -1,0 +1,18 @@
+# The compiled build's declarations (see core/model.pxd): the loop's fields,
+# set by loop.py's MutationLoop and by these methods, live on this root of it
+# (as the state's on core/queries.pxd's); dispatch reads them through it.
+from smallstalk.core.state cimport State
+from smallstalk.server.commit cimport GroupCommit
+from smallstalk.server.session cimport Session
+
+cdef class Roles:
+    cdef dict __dict__
+    cdef public State state
+    cdef public GroupCommit commit
+    cdef public object journal, data_dir, clock, max_job_size, now, started_at
+    cdef public object serving_since, sessions, counters, tube_counters, total_connections
+    cdef public object refused, draining, read_only, lease_until, instance_id, _next_conn
+    cdef public object _replica_next, _seq, _id_floor, _encoder, _inbox, _waiter, _sleep
+    cdef public object _waits_turn, _turning, batching, runnable, _resume_cb, role, feeds
+    cdef public object follower, replication, ha, policies, schedules_loaded, config_path
+    cdef public object bodies, admin, extended_stats, deferred, searches
