@@ -38,7 +38,8 @@ COMPILED = ["smallstalk/core/model.py", "smallstalk/core/queries.py",
             "smallstalk/storage/recovery.py", "smallstalk/storage/snapshot.py",
             "smallstalk/server/session.py", "smallstalk/server/commit.py",
             "smallstalk/server/roles.py", "smallstalk/server/loop.py",
-            "smallstalk/server/dispatch.py", "smallstalk/server/connection.py"]
+            "smallstalk/server/dispatch.py", "smallstalk/server/connection.py",
+            "smallstalk/server/poller.py", "smallstalk/server/timers.py"]
 
 
 def _copy_package(out: Path) -> None:

@@ -4,7 +4,9 @@ from smallstalk.server.session cimport Session
 
 cdef class GroupCommit:
     cdef dict __dict__
-    cdef public object owner, journal, feeds, min_replica_acks, replica_ack_timeout
+    cdef public dict feeds, touched
+    cdef public list turn_payloads, granted
+    cdef public object owner, journal, min_replica_acks, replica_ack_timeout
     cdef public object failed_until, stale, awaiting_acks, unsynced, track_needs, must_sync
-    cdef public object put_ids, put_seqs, kick_seq, revealed, turn_payloads, _encoder
-    cdef public object turn_seq0, turn_puts, touched, holds, granted
+    cdef public object put_ids, put_seqs, kick_seq, revealed, _encoder
+    cdef public object turn_seq0, turn_puts, holds

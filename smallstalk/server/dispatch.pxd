@@ -1,6 +1,7 @@
 # The compiled build's declarations (see core/model.pxd): the everyday
 # commands' handlers take the loop (its fields declared on roles.pxd's Roles)
 # and the session typed.
+from smallstalk.core.model cimport Conn, Job
 from smallstalk.core.state cimport State
 from smallstalk.server.roles cimport Roles
 from smallstalk.server.session cimport Session

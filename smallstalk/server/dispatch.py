@@ -19,7 +19,7 @@ from typing import Protocol
 from smallstalk.core import explain
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
-from smallstalk.core.model import DEFAULT_TUBE, RESERVER, STATE_BY_NAME
+from smallstalk.core.model import DEFAULT_TUBE, RESERVER, STATE_BY_NAME, Conn, Job
 from smallstalk.core.state import BURIED, DELAYED, NS, READY, RESERVED, State, body_len
 from smallstalk.core.stats import job_key_stats, job_stats, tube_stats
 from smallstalk.server import holdback
@@ -92,7 +92,7 @@ def put(lp: Loop, s: Session, cmd: p.Put):
         lp.burn_job_id()  # as in beanstalkd, the job was made before the check
         return p.DRAINING
     st = lp.state
-    c = st.conns.get(s.id)  # st.use_of(s.id), inlined
+    c: Conn = st.conns.get(s.id)  # st.use_of(s.id), inlined
     tube = c.use if c is not None else DEFAULT_TUBE
     pols = lp.policies
     pol = pols.tubes.get(tube, pols.default)  # pols.of(tube), inlined
@@ -213,7 +213,7 @@ def reserve(lp: Loop, s: Session, cmd: p.Reserve):
     now = lp.now
     # A job to take means a watched tube has one ready (has_ready), so no
     # DEADLINE_SOON: that check waits until there is none.
-    job = st.best_ready(s.id, now)
+    job: Job = st.best_ready(s.id, now)
     if job is not None:
         lp.log_job(st.apply_reserve, r.Reserve, s.id, job.id)
         body = job.body
@@ -302,7 +302,7 @@ def delete(lp: Loop, s: Session, cmd: p.Delete):
     counters = lp.counters  # lp.count("cmd-delete"), inlined
     counters["cmd-delete"] = counters.get("cmd-delete", 0) + 1
     st = lp.state
-    job = st.jobs.get(cmd.id)
+    job: Job = st.jobs.get(cmd.id)
     if job is None or (job.state == RESERVED and job.counts[RESERVER] != s.id):
         return p.NOT_FOUND
     lp.log_job(st.apply_delete, r.Delete, s.id, cmd.id)

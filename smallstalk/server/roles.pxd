@@ -10,9 +10,10 @@ cdef class Roles:
     cdef public State state
     cdef public GroupCommit commit
     cdef public object journal, data_dir, clock, max_job_size, now, started_at
-    cdef public object serving_since, sessions, counters, tube_counters, total_connections
+    cdef public dict sessions, counters, tube_counters, runnable, feeds
+    cdef public object serving_since, total_connections
     cdef public object refused, draining, read_only, lease_until, instance_id, _next_conn
     cdef public object _replica_next, _seq, _id_floor, _encoder, _inbox, _waiter, _sleep
-    cdef public object _waits_turn, _turning, batching, runnable, _resume_cb, role, feeds
+    cdef public object _waits_turn, _turning, batching, _resume_cb, role
     cdef public object follower, replication, ha, policies, schedules_loaded, config_path
     cdef public object bodies, admin, extended_stats, deferred, searches
