@@ -30,10 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # there), and the classes whose fields no one else reads: the two protocols'
 # parsers, the records' encoder and the segment writer with the frame
 # decoder; the loop's group (its session, commit, roles, the loop itself,
-# dispatch, the poller and the timers' pass), whose fields they read of each
-# other. As they are: the rest of a restart's reading. Not server/connection.py:
-# compiled, its idle connections' memory grew from round to round
-# (tests/procs/test_limits.py), for a reason not found yet.
+# dispatch, the connection, the poller and the timers' pass), whose fields
+# they read of each other. As they are: the rest of a restart's reading.
 COMPILED = ["smallstalk/core/model.py", "smallstalk/core/queries.py",
             "smallstalk/core/moves.py", "smallstalk/core/state.py",
             "smallstalk/storage/snapshot_codec.py", "smallstalk/core/parser.py",
@@ -42,7 +40,7 @@ COMPILED = ["smallstalk/core/model.py", "smallstalk/core/queries.py",
             "smallstalk/storage/recovery.py", "smallstalk/storage/snapshot.py",
             "smallstalk/server/session.py", "smallstalk/server/commit.py",
             "smallstalk/server/roles.py", "smallstalk/server/loop.py",
-            "smallstalk/server/dispatch.py",
+            "smallstalk/server/dispatch.py", "smallstalk/server/connection.py",
             "smallstalk/server/poller.py", "smallstalk/server/timers.py"]
 
 
