@@ -27,16 +27,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # The modules compiled. With a .pxd declaring their classes' fields: the State
 # chain and what it is made of, the snapshot codec (a restart makes every job
-# there), and the classes whose fields no one else reads: the two protocols'
-# parsers, the records' encoder and the segment writer with the frame
-# decoder; the loop's group (its session, commit, roles, the loop itself,
-# dispatch, the connection, the poller and the timers' pass), whose fields
-# they read of each other. As they are: the rest of a restart's reading.
+# there), the two protocols' parsers, the records' encoder, the segment writer
+# with the frame decoder, the journal, and the loop's group (its session,
+# commit, roles, the loop itself, dispatch, the connection, the poller and the
+# timers' pass): classes whose fields only compiled code reads, as a compiled
+# field read from interpreted code costs more than a slot. As they are: the
+# rest of a restart's reading.
 COMPILED = ["smallstalk/core/model.py", "smallstalk/core/queries.py",
             "smallstalk/core/moves.py", "smallstalk/core/state.py",
             "smallstalk/storage/snapshot_codec.py", "smallstalk/core/parser.py",
             "smallstalk/core/memcache.py", "smallstalk/storage/encoder.py",
-            "smallstalk/storage/aof.py", "smallstalk/storage/logread.py",
+            "smallstalk/storage/aof.py", "smallstalk/storage/journal.py",
+            "smallstalk/storage/logread.py",
             "smallstalk/storage/recovery.py", "smallstalk/storage/snapshot.py",
             "smallstalk/server/session.py", "smallstalk/server/commit.py",
             "smallstalk/server/roles.py", "smallstalk/server/loop.py",

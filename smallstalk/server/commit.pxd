@@ -1,12 +1,14 @@
 # The compiled build's declarations (see core/model.pxd): the group commit's
 # fields, read by the loop's turn and by the handlers through it.
 from smallstalk.server.session cimport Session
+from smallstalk.storage.journal cimport Journal
 
 cdef class GroupCommit:
     cdef dict __dict__
     cdef public dict feeds, touched
     cdef public list turn_payloads, granted
-    cdef public object owner, journal, min_replica_acks, replica_ack_timeout
+    cdef public Journal journal
+    cdef public object owner, min_replica_acks, replica_ack_timeout
     cdef public object failed_until, stale, awaiting_acks, unsynced, track_needs, must_sync
     cdef public object put_ids, put_seqs, kick_seq, revealed, _encoder
     cdef public object turn_seq0, turn_puts, holds

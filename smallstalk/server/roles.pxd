@@ -4,12 +4,14 @@
 from smallstalk.core.state cimport State
 from smallstalk.server.commit cimport GroupCommit
 from smallstalk.server.session cimport Session
+from smallstalk.storage.journal cimport Journal
 
 cdef class Roles:
     cdef dict __dict__
     cdef public State state
     cdef public GroupCommit commit
-    cdef public object journal, data_dir, clock, max_job_size, now, started_at
+    cdef public Journal journal
+    cdef public object data_dir, clock, max_job_size, now, started_at
     cdef public dict sessions, counters, tube_counters, runnable, feeds
     cdef public object serving_since, total_connections
     cdef public object refused, draining, read_only, lease_until, instance_id, _next_conn

@@ -1,0 +1,11 @@
+# The compiled build's declarations (see core/model.pxd): the journal's
+# fields, read by the group commit and the loop (a `__dict__` beside them:
+# tests put their own fsync thread on one).
+from smallstalk.storage.aof cimport SegmentWriter
+
+cdef class Journal:
+    cdef dict __dict__
+    cdef public SegmentWriter segment
+    cdef public object aof_dir, fsync, interval, segment_records, segment_bytes, next_seq
+    cdef public object committed_seq, written_seq, records_written, _sync_gen, sync_asked
+    cdef public object syncer, _dirty, rotated, metrics
