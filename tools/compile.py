@@ -94,7 +94,7 @@ def build(where: Path, jobs: int, quiet: bool = False) -> list[Path]:
     args = ["-q", "build_ext", "--inplace", "-j", str(jobs),
             "--build-temp", str(where / "build-temp")]
     with _output(quiet):
-        modules = cythonize(exts, language_level=3, quiet=True)
+        modules = cythonize(exts, language_level=3, quiet=True, nthreads=jobs)
         setup(name="smallstalk-compiled", ext_modules=modules, script_args=args)
     shutil.rmtree(where / "build-temp", ignore_errors=True)
     built = []
