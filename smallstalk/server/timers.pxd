@@ -1,7 +1,6 @@
 # The compiled build's declarations (see core/model.pxd): each turn's timer
 # pass takes the loop typed (its fields on roles.pxd's Roles).
 from smallstalk.core.state cimport State
-from smallstalk.server.commit cimport GroupCommit
 from smallstalk.server.roles cimport Roles
 
 cpdef run(Roles lp)
