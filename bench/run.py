@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     beanstalkd_path()
 
     bench = Bench(args, preset)
+    build = smallstalk_build(bench.src)  # now: the cleanup below removes the snapshot
     started = time.monotonic()
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     loads = [loadavg()]
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             "procs": args.procs, "nproc": os.cpu_count(), "host": platform.node(),
             "python": platform.python_version(), "python_facts": python_facts(),
             "beanstalkd": beanstalkd_version(),
-            "git": bench.git, "build": smallstalk_build(bench.src),
+            "git": bench.git, "build": build,
             "source": "working tree (live)" if bench.src is None
             else "snapshot of smallstalk/ taken at the start",
             "elapsed_s": round(time.monotonic() - started, 1),

@@ -9,6 +9,8 @@ section paced all three, and the table, JSON and markdown came out well formed.
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,9 +24,19 @@ pytestmark = needs_beanstalkd
 
 def test_bench_tiny_mode_produces_table_and_json(tmp_path: Path) -> None:
     out = tmp_path / "results"
+    # A copy of the package that says which build it is in its own words
+    # (`--source`, as an A/B run or a compiled copy is measured): the run
+    # must report the build it measured, not the checkout's.
+    source = tmp_path / "source"
+    shutil.copytree(REPO / "smallstalk", source / "smallstalk",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    state = source / "smallstalk" / "core" / "state.py"
+    text = state.read_text()
+    assert text.count("\nBUILD = ") == 1
+    state.write_text(re.sub(r"\nBUILD = .*", '\nBUILD = "the copy under test"', text))
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "run.py"), "--tiny", "--out", str(out),
-         "--tmp", str(tmp_path)],
+         "--tmp", str(tmp_path), "--source", str(source)],
         cwd=REPO, capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -40,8 +52,8 @@ def test_bench_tiny_mode_produces_table_and_json(tmp_path: Path) -> None:
     stamped = [p for p in out.glob("*.json") if not p.name.startswith("latest")]
     assert len(stamped) == 1 and json.loads(stamped[0].read_text()) == results
     assert results["meta"]["preset"] == "tiny"
-    assert results["meta"]["build"] == "pure Python"  # the checkout's, as the table says
-    assert "pure Python" in text
+    assert results["meta"]["build"] == "the copy under test"  # as the table says
+    assert "the copy under test" in text
 
     points = results["points"]
     assert {p["mode"] for p in points} == {"memory", "never", "always"}
