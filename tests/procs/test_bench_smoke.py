@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -31,9 +32,9 @@ def test_bench_tiny_mode_produces_table_and_json(tmp_path: Path) -> None:
     shutil.copytree(REPO / "smallstalk", source / "smallstalk",
                     ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     state = source / "smallstalk" / "core" / "state.py"
-    text = state.read_text()
-    assert text.count("\nBUILD = ") == 1
-    state.write_text(re.sub(r"\nBUILD = .*", '\nBUILD = "the copy under test"', text))
+    code = state.read_text()
+    assert code.count("\nBUILD = ") == 1
+    state.write_text(re.sub(r"\nBUILD = .*", '\nBUILD = "the copy under test"', code))
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "run.py"), "--tiny", "--out", str(out),
          "--tmp", str(tmp_path), "--source", str(source)],
@@ -135,3 +136,24 @@ def test_wakeparts_stamps_every_part_of_a_hand_off() -> None:
     assert len(parts) == 7, rows
     for p50, p90, p99 in parts:  # every stamp was taken: no part is negative or absurd
         assert 0 <= float(p50) <= float(p90) <= float(p99) < 1e6
+
+
+def test_a_read_without_a_receive_stamp_has_no_server_side() -> None:
+    # The kernel now and then gives a read no SO_TIMESTAMPNS stamp: that
+    # sample's server side is unknown (None), not an error for the whole point.
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import measure
+    finally:
+        sys.path.pop(0)
+    a, b = socket.socketpair()  # never asked to stamp
+    with a, b:
+        a.sendall(b"INSERTED 1\r\n")
+        assert measure.recv_stamped(b) == (b"INSERTED 1\r\n", None)
+    listener = socket.create_server(("127.0.0.1", free_port()))
+    with listener, socket.create_connection(listener.getsockname()) as client:
+        server, _ = listener.accept()
+        with server, measure.stamped(client):
+            server.sendall(b"INSERTED 2\r\n")
+            data, t_rx = measure.recv_stamped(client)
+            assert data == b"INSERTED 2\r\n" and isinstance(t_rx, int) and t_rx > 0
