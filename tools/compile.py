@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # timers' pass): classes whose fields only compiled code reads, as a compiled
 # field read from interpreted code costs more than a slot. As they are: the
 # rest of a restart's reading.
-COMPILED = ["smallstalk/core/model.py", "smallstalk/core/queries.py",
+COMPILED = ["smallstalk/core/model.py", "smallstalk/core/commands.py",
+            "smallstalk/core/queries.py",
             "smallstalk/core/moves.py", "smallstalk/core/state.py",
             "smallstalk/storage/snapshot_codec.py", "smallstalk/core/parser.py",
             "smallstalk/core/memcache.py", "smallstalk/storage/encoder.py",

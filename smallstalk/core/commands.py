@@ -6,19 +6,58 @@ docs/ARCHITECTURE.md for where they go from there.
 
 from __future__ import annotations
 
+from typing import Any
+
 from smallstalk.core import model
 from smallstalk.core.frozen import command
 
 
-@command
-class Put:
-    pri: int
-    delay: int  # seconds
-    ttr: int  # seconds, at least 1
-    body: bytes
-    # smallstalk's `put-expiring <pri> <delay> <ttr> <max-age> <bytes>`: seconds
-    # until the job expires (0 = a plain put: only the tube's max-age applies).
-    max_age: int = 0
+class _Everyday:
+    """The base of the commands a worker or producer sends all day (`Put`,
+    `Reserve`, `Delete`, `Release`, `Bury`, `Touch`): plain slotted classes,
+    compared, hashed and shown by their `FIELDS` as the `@command` ones are.
+
+    Not attrs classes, because the compiled build (commands.pxd) makes these
+    six extension types, which attrs cannot build: a line parsed then makes
+    its command without running Python code, and dispatch reads its fields
+    from the object itself (docs/PERFORMANCE.md, The commands).
+    """
+
+    __slots__ = ()
+    FIELDS: tuple[str, ...] = ()
+
+    def values(self) -> tuple:
+        """The fields' values, in `FIELDS` order."""
+        return tuple([getattr(self, f) for f in self.FIELDS])
+
+    def __eq__(self, other: Any) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.values() == other.values()
+
+    def __ne__(self, other: Any) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.values()))
+
+    def __repr__(self) -> str:
+        fields = ", ".join([f"{f}={getattr(self, f)!r}" for f in self.FIELDS])
+        return f"{type(self).__qualname__}({fields})"
+
+
+class Put(_Everyday):
+    __slots__ = FIELDS = ("pri", "delay", "ttr", "body", "max_age")
+
+    def __init__(self, pri: int, delay: int, ttr: int, body: bytes, max_age: int = 0) -> None:
+        self.pri = pri
+        self.delay = delay  # seconds
+        self.ttr = ttr  # seconds, at least 1
+        self.body = body
+        # smallstalk's `put-expiring <pri> <delay> <ttr> <max-age> <bytes>`: seconds
+        # until the job expires (0 = a plain put: only the tube's max-age applies).
+        self.max_age = max_age
 
 
 @command
@@ -36,9 +75,11 @@ class PutUnique:
 KEY_MAX = 200  # bytes of an idempotency key
 
 
-@command
-class Reserve:
-    timeout: int | None  # seconds; None blocks without limit
+class Reserve(_Everyday):
+    __slots__ = FIELDS = ("timeout",)
+
+    def __init__(self, timeout: int | None) -> None:
+        self.timeout = timeout  # seconds; None blocks without limit
 
 
 @command
@@ -46,27 +87,35 @@ class ReserveJob:
     id: int
 
 
-@command
-class Delete:
-    id: int
+class Delete(_Everyday):
+    __slots__ = FIELDS = ("id",)
+
+    def __init__(self, id: int) -> None:
+        self.id = id
 
 
-@command
-class Release:
-    id: int
-    pri: int
-    delay: int
+class Release(_Everyday):
+    __slots__ = FIELDS = ("id", "pri", "delay")
+
+    def __init__(self, id: int, pri: int, delay: int) -> None:
+        self.id = id
+        self.pri = pri
+        self.delay = delay
 
 
-@command
-class Bury:
-    id: int
-    pri: int
+class Bury(_Everyday):
+    __slots__ = FIELDS = ("id", "pri")
+
+    def __init__(self, id: int, pri: int) -> None:
+        self.id = id
+        self.pri = pri
 
 
-@command
-class Touch:
-    id: int
+class Touch(_Everyday):
+    __slots__ = FIELDS = ("id",)
+
+    def __init__(self, id: int) -> None:
+        self.id = id
 
 
 @command

@@ -6,10 +6,11 @@ cdef class Job:
     cdef public object id, tube, pri, ttr, body, state, created, deadline, gen, counts
 
 cdef class Tube:
-    cdef public object name, ready, delayed, buried, ready_n, urgent_n, reserved_n
-    cdef public object delayed_n, jobs_n, total_jobs, cmd_delete, cmd_pause, pause
-    cdef public object unpause_at, using_n, watching_n, waiting, bytes_n, spilled_n
-    cdef public object expired_n, discarded_n, arrivals
+    cdef public object name, ready, delayed, buried, pause, unpause_at, waiting, arrivals
+    # Counts: C integers, which a command adds to without making an int object.
+    cdef public long long ready_n, urgent_n, reserved_n, delayed_n, jobs_n, total_jobs
+    cdef public long long cmd_delete, cmd_pause, using_n, watching_n, bytes_n, spilled_n
+    cdef public long long expired_n, discarded_n
 
 cdef class Limit:
     cdef public object max_reserved, rate, period, interval, tolerance, tat

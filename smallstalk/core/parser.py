@@ -611,11 +611,7 @@ class Parser:
             if n == stop + last[4] + 2 and data[-1] == 0x0A and data[-2] == 0x0D \
                     and data[:stop] == line:
                 return [Put(last[1], last[2], last[3], data[stop:n - 2])], 0
-            if 1 < n <= LINE_MAX and data.find(b"\r") == n - 2 and data[-1] == 0x0A:
-                ev = parse_line(data[:-2], self.max_job_size)
-                if type(ev) is not _PutHeader:
-                    return [ev], 0
-            elif n > 11 and data[3] == 0x2D and data[-1] == 0x0A:
+            if n > 11 and data[3] == 0x2D and data[-1] == 0x0A:
                 # A put-unique with its body: a new key each time, and the rest
                 # of the line (numbers, CRLF) most often the last one's.
                 m = _PUT_UNIQUE_KEY.match(data)
@@ -625,6 +621,12 @@ class Parser:
                     if n == stop + size + 2 and data[-2] == 0x0D and data[m.end():stop] == rest:
                         return [PutUnique(m.group(1).decode("ascii"), pri, delay, ttr,
                                           data[stop:n - 2])], 0
+            elif 1 < n <= LINE_MAX and data[-1] == 0x0A and data[-2] == 0x0D:
+                line = data[:-2]
+                if 13 not in line:  # (a memchr: `find` parses its arguments first)
+                    ev = parse_line(line, self.max_job_size)
+                    if type(ev) is not _PutHeader:
+                        return [ev], 0
         if mode == _SKIP and not self._buf:
             self.feed(data)
         else:

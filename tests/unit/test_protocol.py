@@ -399,3 +399,30 @@ def test_a_read_of_one_command_parses_as_the_general_path_does(reads: list) -> N
             parser._PLAIN_ARGS.update(plain)
             parser._EXACT.update(exact)
         assert (events, held) == expected
+
+
+EVERYDAY = [p.Put(1, 2, 3, b"x"), p.Put(1, 2, 3, b"x", 9), p.Reserve(None), p.Reserve(0),
+            p.Delete(7), p.Release(7, 1, 2), p.Bury(7, 1), p.Touch(7)]
+
+
+@pytest.mark.parametrize("cmd", EVERYDAY, ids=lambda c: type(c).__name__)
+def test_the_everyday_commands_behave_as_the_attrs_ones(cmd) -> None:
+    # Plain slotted classes (extension types when compiled), not attrs ones:
+    # compared, hashed and shown by their fields all the same.
+    cls = type(cmd)
+    values = tuple(getattr(cmd, f) for f in cls.FIELDS)
+    twin = cls(*values)
+    assert twin == cmd and not (twin != cmd) and hash(twin) == hash(cmd)
+    assert repr(cmd) == f"{cls.__name__}(" + ", ".join(
+        f"{f}={v!r}" for f, v in zip(cls.FIELDS, values, strict=True)) + ")"
+    other = cls(*(v + 1 if isinstance(v, int) else v for v in values)) if any(
+        isinstance(v, int) for v in values) else cls(5)
+    assert other != cmd and not (other == cmd)
+    assert cmd != p.Stats() and cmd != values
+    with pytest.raises(AttributeError):
+        cmd.not_a_field = 1  # slots: no stray fields, in either build
+
+
+def test_a_delete_and_a_touch_of_the_same_id_differ() -> None:
+    assert p.Delete(7) != p.Touch(7) and p.Touch(7) != p.Delete(7)
+    assert len({p.Delete(7), p.Touch(7), p.Delete(7)}) == 2
