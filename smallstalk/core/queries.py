@@ -95,6 +95,15 @@ class Queries:
             heapq.heappop(heap)
         return None
 
+    def drop_ended_reservations(self) -> None:
+        """Pop the TTR heap's first entries while their reservations have
+        ended (a delete, a release, a bury): the loop does this each turn
+        (timers.run), so the heap holds little more than the live
+        reservations and each pop is a short one. Left for `next_deadline`
+        alone, the entries of a busy minute's deletes piled up behind a live
+        first one and were popped from a heap of thousands."""
+        self._heap_top(self.ttr_heap, RESERVED)
+
     def _top_delayed(self, t: Tube) -> Job | None:
         return self._heap_top(t.delayed, DELAYED)
 

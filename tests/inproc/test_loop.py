@@ -396,3 +396,26 @@ async def test_a_lease_over_within_the_turn_that_took_it_refuses_all_its_replies
                                       p.Put(0, 0, 5, b"x"), p.ListTubes()) == p.INTERNAL_ERROR * 2
     assert await _turn_taking_a_lease(lp, nursery, s, got, None, p.Put(0, 0, 5, b"y"),
                                       p.ListTubes()) == p.READ_ONLY + LISTED
+
+
+async def test_a_turn_drops_the_ttr_entries_of_ended_reservations(autojump_clock) -> None:
+    # Each reserve pushes a TTR entry; a delete leaves it behind. The turn's
+    # timers pop those at the heap's top, up to the first live reservation.
+    lp = make_loop()
+    st = lp.state
+    lp.now = now = lp.clock()
+    seq = 0
+    for jid in range(1, 41):
+        st.apply_put(seq := seq + 1, now, 1, jid, "default", 0, 0, 60, b"x")
+    for jid in range(1, 41):
+        conn = 1 + jid % 4
+        st.apply_reserve(seq := seq + 1, now + jid, conn, jid)
+        if jid % 10:  # every tenth stays reserved
+            st.apply_delete(seq := seq + 1, now + jid, conn, jid)
+    assert len(st.ttr_heap) == 40 and st.reserved_n == 4
+    timers.run(lp)
+    assert st.ttr_heap[0][1] == 10 and len(st.ttr_heap) == 31  # 1-9 gone
+    st.apply_delete(seq := seq + 1, now + 50, 1 + 10 % 4, 10)
+    timers.run(lp)
+    assert st.ttr_heap[0][1] == 20 and len(st.ttr_heap) == 21  # 10-19 gone
+    assert sorted(jid for _, jid, _ in st.ttr_heap if jid in st.jobs) == [20, 30, 40]
