@@ -7,8 +7,8 @@ snapshot codec (storage/snapshot_codec.py) when it rebuilds a state.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
+from heapq import heappush
 
 from smallstalk.core.keys import KeyIndex
 from smallstalk.core.model import (
@@ -160,9 +160,9 @@ class Moves(Queries):
         t: Tube = j.tube
         j.state = READY
         j.deadline = 0  # meaningful only while delayed or reserved
-        heapq.heappush(t.ready, ready_key(j))
+        heappush(t.ready, ready_key(j))
         if self.expires and j.id in self.expires:
-            heapq.heappush(self.expiry_heap, (self.expires[j.id], j.id, j.gen))
+            heappush(self.expiry_heap, (self.expires[j.id], j.id, j.gen))
         t.ready_n += 1
         self.ready_n += 1
         if j.pri < URGENT_THRESHOLD:
@@ -174,10 +174,10 @@ class Moves(Queries):
         j.state = DELAYED
         j.deadline = deadline
         entry = (deadline, j.id, j.gen)
-        heapq.heappush(t.delayed, entry)
-        heapq.heappush(self.delay_heap, entry)
+        heappush(t.delayed, entry)
+        heappush(self.delay_heap, entry)
         if self.expires and j.id in self.expires:
-            heapq.heappush(self.expiry_heap, (self.expires[j.id], j.id, j.gen))
+            heappush(self.expiry_heap, (self.expires[j.id], j.id, j.gen))
         t.delayed_n += 1
         self.delayed_n += 1
 
@@ -187,7 +187,7 @@ class Moves(Queries):
         j.reserver = c.id
         j.deadline = deadline
         c.reserved.add(j.id)
-        heapq.heappush(self.ttr_heap, (deadline, j.id, j.gen))
+        heappush(self.ttr_heap, (deadline, j.id, j.gen))
         t.reserved_n += 1
         self.reserved_n += 1
 

@@ -1,10 +1,17 @@
 # The compiled build's declarations (see model.pxd): the parser's own fields,
 # read by no one else, so compiling it costs nothing at its boundary. The
 # everyday commands it makes are extension types (commands.pxd).
+cimport cython
 from smallstalk.core.commands cimport Bury, Delete, Put, Release, Reserve, Touch
 
 cdef class Parser:
     cdef public object _buf, _mode, _put, _skip, max_job_size, _last, _skip_reply
     cdef public object _last_unique
+    # The put a fast path makes, typed (parser.py's annotations are not: see
+    # its first line), so its fields are stored in the object.
+    @cython.locals(put=Put)
+    cpdef take(self, data)
+    @cython.locals(same=Put)
+    cpdef events(self)
 
 cpdef parse_line(bytes line, max_job_size)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from heapq import heapify, heappop, heappush
 
 from smallstalk.core.model import (
     BURIED,
@@ -33,12 +34,12 @@ def _heap_walk(heap: list, cursor, count: int, live) -> list:
     frontier = [(heap[0], 0)] if heap else []
     n = len(heap)
     while frontier and len(out) < count:
-        entry, i = heapq.heappop(frontier)
+        entry, i = heappop(frontier)
         if entry > cursor and live(entry):
             out.append(entry)
         for child in (2 * i + 1, 2 * i + 2):
             if child < n:
-                heapq.heappush(frontier, (heap[child], child))
+                heappush(frontier, (heap[child], child))
     return out
 
 
@@ -80,7 +81,7 @@ class Queries:
             j = jobs.get((key >> 32) & M64)
             if j is not None and (j.gen & M32) == (key & M32) and j.state == READY:
                 return j
-            heapq.heappop(heap)
+            heappop(heap)
         return None
 
     def _heap_top(self, heap: list, *states: int) -> Job | None:
@@ -92,17 +93,22 @@ class Queries:
             j = jobs.get(jid)
             if j is not None and j.gen == gen and j.state in states:
                 return j
-            heapq.heappop(heap)
+            heappop(heap)
         return None
 
     def drop_ended_reservations(self) -> None:
-        """Pop the TTR heap's first entries while their reservations have
-        ended (a delete, a release, a bury): the loop does this each turn
-        (timers.run), so the heap holds little more than the live
-        reservations and each pop is a short one. Left for `next_deadline`
-        alone, the entries of a busy minute's deletes piled up behind a live
-        first one and were popped from a heap of thousands."""
-        self._heap_top(self.ttr_heap, RESERVED)
+        """Rebuild the TTR heap from the live reservations' entries: a reserve
+        pushes one and its delete, release or bury leaves it behind. The loop
+        calls this each turn once ended entries outnumber live ones
+        (timers.run): one pass and a heapify, about 150 instructions an entry
+        where popping each one cost some 2,500 (tuple compares at every
+        level), and the heap stays small for the pops `next_deadline` makes."""
+        jobs = self.jobs
+        j: Job
+        kept = [e for e in self.ttr_heap
+                if (j := jobs.get(e[1])) is not None and j.gen == e[2] and j.state == RESERVED]
+        heapify(kept)
+        self.ttr_heap = kept
 
     def _top_delayed(self, t: Tube) -> Job | None:
         return self._heap_top(t.delayed, DELAYED)
@@ -234,7 +240,7 @@ class Queries:
         out = []
         jobs = self.jobs
         while heap and heap[0][0] <= until:
-            _, jid, gen = heapq.heappop(heap)
+            _, jid, gen = heappop(heap)
             j = jobs.get(jid)
             if j is not None and j.gen == gen and j.state in states:
                 out.append(jid)
@@ -383,7 +389,7 @@ class Queries:
             c = waiters.get(cid)
             if c is not None and c.wait_deadline == d:
                 return d
-            heapq.heappop(h)
+            heappop(h)
         return None
 
     def waiters_maybe_due(self, now: int) -> bool:

@@ -35,8 +35,8 @@ tube itself is dropped for lack of references) until a DeleteTube record.
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
+from heapq import heapify, heappush
 
 from smallstalk.core import records as r
 from smallstalk.core.model import (
@@ -57,7 +57,6 @@ from smallstalk.core.model import (
     Tube,
     body_len,
     fanout_parent,
-    new_bare_job,
     share,
     swap_remove,
 )
@@ -135,8 +134,9 @@ class State(Moves):
         if t is None:
             t = self.add_tube(tube)
         # Job(id, t, pri, delay, max(ttr, 1), body, time), without the call
-        # to __init__ (a third of the cost of making a job).
-        j: Job = new_bare_job(Job)
+        # to __init__ (a third of the cost of making a job); `Job.__new__`
+        # spelled out, which the compiled build makes a direct allocation.
+        j: Job = Job.__new__(Job)
         j.id = id
         j.tube = t
         # share(self.ints, ...), inlined: a restart makes a million of these.
@@ -175,7 +175,7 @@ class State(Moves):
             return
         # _enter_ready for a new job: state READY, deadline 0 and gen 0 are
         # Job's defaults, and no expiry (a Put has none; the id is new).
-        heapq.heappush(t.ready, (pri << 96) | (id << 32))
+        heappush(t.ready, (pri << 96) | (id << 32))
         t.ready_n += 1
         self.ready_n += 1
         if pri < URGENT_THRESHOLD:
@@ -222,7 +222,7 @@ class State(Moves):
         j.state = RESERVED
         j.deadline = deadline
         c.reserved.add(id)
-        heapq.heappush(self.ttr_heap, (deadline, id, j.gen))
+        heappush(self.ttr_heap, (deadline, id, j.gen))
         t.reserved_n += 1
         self.reserved_n += 1
         if self.limits:
@@ -484,7 +484,7 @@ class State(Moves):
         self._conn(rec.conn)
         j.gen += 1
         j.deadline = rec.time + j.ttr * NS
-        heapq.heappush(self.ttr_heap, (j.deadline, j.id, j.gen))
+        heappush(self.ttr_heap, (j.deadline, j.id, j.gen))
 
     def _kick(self, rec: r.Kick) -> None:
         self._conn(rec.conn)
@@ -609,8 +609,8 @@ class State(Moves):
             if len(h) > 2 * self.waiting_n + 64:  # mostly waits that ended: keep the live
                 h[:] = [(w.wait_deadline, w.id) for w in self.waiters.values()
                         if w.wait_deadline is not None]
-                heapq.heapify(h)
-            heapq.heappush(h, (deadline, c.id))
+                heapify(h)
+            heappush(h, (deadline, c.id))
 
     def _wait_stop(self, rec: r.WaitStop) -> None:
         c = self.conns.get(rec.conn)
@@ -632,7 +632,7 @@ class State(Moves):
                 return heap
             kept = [e for e in heap
                     if (j := jobs.get(e[1])) is not None and j.gen == e[2] and j.state == st]
-            heapq.heapify(kept)
+            heapify(kept)
             return kept
 
         def live_ready(heap: list, count: int) -> list:
@@ -641,7 +641,7 @@ class State(Moves):
             kept = [k for k in heap
                     if (j := jobs.get((k >> 32) & M64)) is not None
                     and (j.gen & M32) == (k & M32) and j.state == READY]
-            heapq.heapify(kept)
+            heapify(kept)
             return kept
 
         self.ttr_heap = live(self.ttr_heap, RESERVED, self.reserved_n)
@@ -649,7 +649,7 @@ class State(Moves):
             self.expiry_heap = [e for e in self.expiry_heap
                                 if (j := jobs.get(e[1])) is not None and j.gen == e[2]
                                 and j.state in (READY, DELAYED)]
-            heapq.heapify(self.expiry_heap)
+            heapify(self.expiry_heap)
         for t in self.tubes.values():
             if t.arrivals is not None and len(t.arrivals) > 2 * t.jobs_n + 1024:
                 t.arrivals = deque(i for i in t.arrivals

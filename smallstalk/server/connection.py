@@ -48,6 +48,8 @@ import logging
 import os
 import resource
 import socket as stdsocket
+from os import read as os_read
+from os import write as os_write
 
 import trio
 
@@ -59,6 +61,9 @@ from smallstalk.server.poller import Poller
 from smallstalk.server.session import sent
 
 log = logging.getLogger("smallstalk.server.connection")
+# os_read and os_write (imported above) are what every read and reply call:
+# compiled, `os.write` is a lookup in the os module on each call, a global of
+# this module's own is looked up once.
 
 RECV_SIZE = 65536
 MAX_QUEUED_BYTES = 1 << 20
@@ -139,7 +144,7 @@ class _Connection:
                 self._queue(blob)  # never in the middle of what is being sent
             else:  # written here: every reply of the polled path passes this line
                 try:
-                    n = os.write(self.fd, blob)
+                    n = os_write(self.fd, blob)
                 except BlockingIOError:
                     n = 0
                 except OSError:
@@ -185,7 +190,7 @@ class _Connection:
     def on_readable(self) -> None:
         """Bytes arrived (the poller calls this): read once, hand on the commands."""
         try:
-            data = os.read(self.fd, RECV_SIZE)
+            data = os_read(self.fd, RECV_SIZE)
         except BlockingIOError:
             return
         except OSError:

@@ -20,6 +20,7 @@ from smallstalk.core import explain
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.model import DEFAULT_TUBE, RESERVER, STATE_BY_NAME, Conn, Job
+from smallstalk.core.protocol import DEADLINE_SOON, DELETED, NOT_FOUND, TIMED_OUT, reserved
 from smallstalk.core.state import BURIED, DELAYED, NS, READY, RESERVED, State, body_len
 from smallstalk.core.stats import job_key_stats, job_stats, tube_stats
 from smallstalk.server import holdback
@@ -29,6 +30,11 @@ from smallstalk.server.policy import Policies, TubePolicy, render
 from smallstalk.server.search import Searches
 from smallstalk.server.session import Session
 from smallstalk.storage.bodies import BodyError
+
+# The everyday handlers' answers and records by names of this module's own
+# (DELETED, reserved... imported above): compiled, `p.DELETED` is a lookup in
+# another module on every use, a global of this one is looked up once.
+RESERVE_RECORD, DELETE_RECORD = r.Reserve, r.Delete
 
 log = logging.getLogger("smallstalk.server.dispatch")
 
@@ -95,7 +101,8 @@ def put(lp: Loop, s: Session, cmd: p.Put):
     c: Conn = st.conns.get(s.id)  # st.use_of(s.id), inlined
     tube = c.use if c is not None else DEFAULT_TUBE
     pols = lp.policies
-    pol = pols.tubes.get(tube, pols.default)  # pols.of(tube), inlined
+    named: dict = pols.tubes  # (typed: compiled, its `get` is a direct call)
+    pol = named.get(tube, pols.default)  # pols.of(tube), inlined
     children = st.fanout.get(tube)
     if pol.plain and not children and not cmd.max_age:
         # The common case: a plain, format-1 Put record (its id taken there).
@@ -215,15 +222,15 @@ def reserve(lp: Loop, s: Session, cmd: p.Reserve):
     # DEADLINE_SOON: that check waits until there is none.
     job: Job = st.best_ready(s.id, now)
     if job is not None:
-        lp.log_job(st.apply_reserve, r.Reserve, s.id, job.id)
+        lp.log_job(st.apply_reserve, RESERVE_RECORD, s.id, job.id)
         body = job.body
-        return p.reserved(job.id, body if type(body) is bytes else lp.body_of(job))
+        return reserved(job.id, body if type(body) is bytes else lp.body_of(job))
     # has_ready first: deadline_soon looks at every job the connection holds
     # (a worker that pipelines reserves would pay it once per reserve).
     if not st.has_ready(s.id) and st.deadline_soon(s.id, now):
-        return p.DEADLINE_SOON
+        return DEADLINE_SOON
     if cmd.timeout == 0 or s.halfclosed:
-        return p.TIMED_OUT
+        return TIMED_OUT
     st.start_wait(s.id, None if cmd.timeout is None else now + cmd.timeout * NS)
     return BLOCK
 
@@ -304,9 +311,9 @@ def delete(lp: Loop, s: Session, cmd: p.Delete):
     st = lp.state
     job: Job = st.jobs.get(cmd.id)
     if job is None or (job.state == RESERVED and job.counts[RESERVER] != s.id):
-        return p.NOT_FOUND
-    lp.log_job(st.apply_delete, r.Delete, s.id, cmd.id)
-    return p.DELETED
+        return NOT_FOUND
+    lp.log_job(st.apply_delete, DELETE_RECORD, s.id, cmd.id)
+    return DELETED
 
 
 def _reserved_by(lp: Loop, s: Session, job_id: int):

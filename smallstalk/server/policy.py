@@ -126,7 +126,8 @@ class Policies:
     """The effective policy of every tube: `of(name)`."""
 
     default: TubePolicy = TubePolicy()
-    tubes: Mapping[str, TubePolicy] = attrs.field(factory=dict)
+    # A dict, whatever mapping it is given: every put reads it (dispatch.put).
+    tubes: dict[str, TubePolicy] = attrs.field(factory=dict, converter=dict)
     schedules: tuple = ()  # schedules.Schedule, in file order
     # Asked on every put (may its body go to disk?): worked out once.
     _memory_budgets: bool = attrs.field(init=False, eq=False, repr=False)

@@ -399,23 +399,32 @@ async def test_a_lease_over_within_the_turn_that_took_it_refuses_all_its_replies
 
 
 async def test_a_turn_drops_the_ttr_entries_of_ended_reservations(autojump_clock) -> None:
-    # Each reserve pushes a TTR entry; a delete leaves it behind. The turn's
-    # timers pop those at the heap's top, up to the first live reservation.
+    # Each reserve pushes a TTR entry; its delete leaves it behind. Once those
+    # outnumber the live ones (twice, and 64), the turn's timers rebuild the
+    # heap from the live ones; below that, it is left alone.
     lp = make_loop()
     st = lp.state
     lp.now = now = lp.clock()
     seq = 0
-    for jid in range(1, 41):
+    for jid in range(1, 201):
         st.apply_put(seq := seq + 1, now, 1, jid, "default", 0, 0, 60, b"x")
-    for jid in range(1, 41):
-        conn = 1 + jid % 4
-        st.apply_reserve(seq := seq + 1, now + jid, conn, jid)
-        if jid % 10:  # every tenth stays reserved
-            st.apply_delete(seq := seq + 1, now + jid, conn, jid)
-    assert len(st.ttr_heap) == 40 and st.reserved_n == 4
+
+    def cycle(jids: range) -> None:
+        nonlocal seq
+        for jid in jids:
+            conn = 1 + jid % 4
+            st.apply_reserve(seq := seq + 1, now + jid, conn, jid)
+            if jid % 20:  # every twentieth stays reserved
+                st.apply_delete(seq := seq + 1, now + jid, conn, jid)
+
+    cycle(range(1, 61))
+    before = list(st.ttr_heap)
+    assert len(before) == 60 and st.reserved_n == 3
     timers.run(lp)
-    assert st.ttr_heap[0][1] == 10 and len(st.ttr_heap) == 31  # 1-9 gone
-    st.apply_delete(seq := seq + 1, now + 50, 1 + 10 % 4, 10)
+    assert st.ttr_heap == before  # 60 <= 2 * 3 + 64
+    cycle(range(61, 201))
     timers.run(lp)
-    assert st.ttr_heap[0][1] == 20 and len(st.ttr_heap) == 21  # 10-19 gone
-    assert sorted(jid for _, jid, _ in st.ttr_heap if jid in st.jobs) == [20, 30, 40]
+    live = sorted(st.ttr_heap)
+    assert [jid for _, jid, _ in live] == [20, 40, 60, 80, 100, 120, 140, 160, 180, 200]
+    assert st.ttr_heap[0] == live[0] and len(st.ttr_heap) == st.reserved_n == 10
+    assert st.next_deadline(now) == st.jobs[20].deadline + 1
