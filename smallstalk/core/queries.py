@@ -96,19 +96,25 @@ class Queries:
             heappop(heap)
         return None
 
+    def live_entries(self, heap: list, state: int) -> list:
+        """A (time, id, gen) heap's entries whose jobs are still in `state`, as
+        a new heap (`drop_ended_reservations`, `State.compact_heaps`)."""
+        jobs = self.jobs
+        j: Job
+        kept = [e for e in heap
+                if (j := jobs.get(e[1])) is not None and j.gen == e[2] and j.state == state]
+        heapify(kept)
+        return kept
+
     def drop_ended_reservations(self) -> None:
-        """Rebuild the TTR heap from the live reservations' entries: a reserve
-        pushes one and its delete, release or bury leaves it behind. The loop
-        calls this each turn once ended entries outnumber live ones
+        """Rebuild the TTR heap from the live reservations' entries once ended
+        ones (a reserve pushes one; its delete, release or bury leaves it
+        behind) outnumber them twice over, and 64. The loop asks each turn
         (timers.run): one pass and a heapify, about 150 instructions an entry
         where popping each one cost some 2,500 (tuple compares at every
         level), and the heap stays small for the pops `next_deadline` makes."""
-        jobs = self.jobs
-        j: Job
-        kept = [e for e in self.ttr_heap
-                if (j := jobs.get(e[1])) is not None and j.gen == e[2] and j.state == RESERVED]
-        heapify(kept)
-        self.ttr_heap = kept
+        if len(self.ttr_heap) > 2 * self.reserved_n + 64:
+            self.ttr_heap = self.live_entries(self.ttr_heap, RESERVED)
 
     def _top_delayed(self, t: Tube) -> Job | None:
         return self._heap_top(t.delayed, DELAYED)

@@ -628,12 +628,7 @@ class State(Moves):
         jobs = self.jobs
 
         def live(heap: list, st: int, count: int) -> list:
-            if len(heap) <= 2 * count + 1024:
-                return heap
-            kept = [e for e in heap
-                    if (j := jobs.get(e[1])) is not None and j.gen == e[2] and j.state == st]
-            heapify(kept)
-            return kept
+            return heap if len(heap) <= 2 * count + 1024 else self.live_entries(heap, st)
 
         def live_ready(heap: list, count: int) -> list:
             if len(heap) <= 2 * count + 1024:

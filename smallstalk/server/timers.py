@@ -63,8 +63,7 @@ def run(lp: Loop) -> None:
         return
     st = lp.state
     now = lp.now
-    if len(st.ttr_heap) > 2 * st.reserved_n + 64:  # ended reservations' entries
-        st.drop_ended_reservations()
+    st.drop_ended_reservations()
     scheduled = lp.policies.schedules
     if scheduled and schedules.next_due(st, scheduled, lp.schedules_loaded) <= now:
         try:

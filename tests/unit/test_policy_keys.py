@@ -90,3 +90,13 @@ def test_limits_records_follow_the_configuration() -> None:
         st.apply(r.Limits(seq, NS, *fields))
     assert limits_changes(st, pol) == []  # nothing to log again
     assert limits_changes(st, policies_from({})) == [("a", 0, 0, 0), ("b", 0, 0, 0)]
+
+
+def test_policies_keep_their_tubes_in_a_dict_whatever_mapping_they_are_given() -> None:
+    # dispatch.put reads it as a dict (the compiled build checks the type).
+    from types import MappingProxyType
+
+    from smallstalk.server.policy import Policies
+    named = MappingProxyType({"q": TubePolicy(max_jobs=1)})
+    pols = Policies(TubePolicy(), named)
+    assert type(pols.tubes) is dict and pols.of("q") == named["q"]
