@@ -1,5 +1,6 @@
 """The optional compiled build: Cython over the pure modules named in
-COMPILED, typed by the .pxd files beside them, into a copy of the package.
+COMPILED, typed by the .pxd files beside them, and the C twins named in
+TWINS, into a copy of the package.
 
 The pure-Python modules stay the reference and what `pip install` gives: the
 compiled build is an accelerator a user asks for (`make compiled`), and the
@@ -45,6 +46,10 @@ COMPILED = ["smallstalk/core/model.py", "smallstalk/core/commands.py",
             "smallstalk/server/roles.py", "smallstalk/server/loop.py",
             "smallstalk/server/dispatch.py", "smallstalk/server/connection.py",
             "smallstalk/server/poller.py", "smallstalk/server/timers.py"]
+# Written for the compiled build alone, each the twin of code a pure module
+# keeps as the reference and falls back to without it: the everyday
+# records' CBOR, written in C (cbor2 in encoder.py).
+TWINS = ["smallstalk/storage/fixedcbor.pyx"]
 
 
 def _copy_package(out: Path) -> None:
@@ -91,7 +96,8 @@ def build(where: Path, jobs: int, quiet: bool = False) -> list[Path]:
         raise SystemExit(f"tools/compile.py: {e.name} is missing; `pip install cython` "
                          "(the pure-Python build needs nothing)") from None
     os.chdir(where)
-    exts = [Extension(m[:-3].replace("/", "."), [m]) for m in COMPILED]
+    sources = COMPILED + TWINS
+    exts = [Extension(str(Path(m).with_suffix("")).replace("/", "."), [m]) for m in sources]
     args = ["-q", "build_ext", "--inplace", "-j", str(jobs),
             "--build-temp", str(where / "build-temp")]
     with _output(quiet):
@@ -99,12 +105,12 @@ def build(where: Path, jobs: int, quiet: bool = False) -> list[Path]:
         setup(name="smallstalk-compiled", ext_modules=modules, script_args=args)
     shutil.rmtree(where / "build-temp", ignore_errors=True)
     built = []
-    for m in COMPILED:
+    for m in sources:
         found = sorted(Path(m).parent.glob(Path(m).stem + ".*.so"))
         if not found:
             raise SystemExit(f"tools/compile.py: no extension module for {m}")
         built.append(where / found[0])
-        (where / m[:-3]).with_suffix(".c").unlink(missing_ok=True)
+        (where / m).with_suffix(".c").unlink(missing_ok=True)
     return built
 
 

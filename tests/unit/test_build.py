@@ -98,6 +98,20 @@ def test_every_module_with_declarations_is_compiled() -> None:
     assert all((PACKAGE.parent / m).is_file() for m in tool.COMPILED)
 
 
+def test_the_twins_are_built_with_the_compiled_modules_and_only_there() -> None:
+    # A twin is C the compiled build runs in place of a pure module's code
+    # (which stays the reference); the pure build must not find one in the
+    # tree, and the compiled build must use every one it has.
+    from smallstalk.storage import encoder
+
+    tool = _tool()
+    assert tool.TWINS == [p.relative_to(PACKAGE.parent).as_posix()
+                          for p in sorted(PACKAGE.rglob("*.pyx"))]
+    compiled = BUILD == "compiled"
+    assert all(f is not None if compiled else f is None
+               for f in (encoder._fixed_put, encoder._fixed_job, encoder._fixed_put_unique))
+
+
 def test_the_pxd_files_declare_every_field_their_classes_set() -> None:
     # A field missing there would be an AttributeError in the compiled build
     # only, and only where that line runs; one declared and never set, a slot

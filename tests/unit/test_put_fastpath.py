@@ -1,6 +1,6 @@
 """The everyday put's fast path held to the general one.
 
-The live put (`loop.log_put`) encodes with `records.encode_put` and applies
+The live put (`loop.log_put`) encodes with `LiveEncoder.put` and applies
 with `State.apply_put`; recovery applies format-1 Puts from their decoded
 lists with `State.apply_put` too, and `snapshot_codec.load` makes jobs without
 `Job.__init__`. Each must give exactly what the general path gives
@@ -261,6 +261,51 @@ def test_a_failed_encode_leaves_nothing_in_the_next_record() -> None:
         enc.put(1, 2, 3, 4, "t", 5, 6, 7, object())  # type: ignore[arg-type]
     fields = (2, 2, 3, 5, "t", 5, 6, 7, b"x")
     assert enc.put(*fields) == r.encode(r.Put(*fields))
+
+
+# Each field's values at CBOR's head-size edges and past them, and of types
+# a hand-written writer could take for its own: cbor2 writes True, not 1, a
+# float as a float, a body's int and a bytearray as themselves; texts ASCII
+# or not, as long as a tube name may be and longer.
+EDGE_INTS = [0, 1, 23, 24, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63, 2**64 - 1, 2**64,
+             -1, -2**70, True, 1.0]
+EDGE_TEXTS = ["t", "a" * 200, "a" * 255, "a" * 256, "é", "\udc80", 3]
+EDGE_BODIES = [b"", b"x" * 23, b"y" * 24, b"z" * 255, b"w" * 256, b"v" * 65536, 5,
+               bytearray(b"q")]
+EVERYDAY = {  # the encoder's method: the record's code, then a valid value per field
+    "put": (r.Put.CODE, (9, T0, 3, 7, "default", 1024, 0, 60, b"body")),
+    "put_unique": (r.PUT_UNIQUE_ONE, (9, T0, 3, "default", "key", 60, 100, 7, 1024, 0, 60,
+                                      b"body")),
+    "job": (r.Delete.CODE, (9, T0, 3, 7)),
+}
+
+
+def _outcome(f, *args):
+    try:
+        return f(*args)
+    except Exception as e:  # cbor2's error, whichever it is
+        return type(e)
+
+
+@pytest.mark.parametrize("method", sorted(EVERYDAY))
+def test_each_field_at_cbors_edges_encodes_as_cbor2_does(method: str) -> None:
+    """The compiled build writes the everyday records itself (`fixedcbor.pyx`)
+    and leaves cbor2 what it does not write: each field alone at each edge
+    gives cbor2's bytes of the record's list, or cbor2's error."""
+    code, valid = EVERYDAY[method]
+    enc = LiveEncoder()
+    encode = getattr(enc, method)
+    if method == "job":
+        encode = lambda *fields: enc.job(r.Delete, *fields)  # noqa: E731
+    checked = 0
+    for i, v in enumerate(valid):
+        edges = EDGE_TEXTS if type(v) is str else EDGE_BODIES if type(v) is bytes else EDGE_INTS
+        for edge in edges:
+            fields = list(valid)
+            fields[i] = edge
+            assert _outcome(encode, *fields) == _outcome(cbor2.dumps, [code, *fields]), fields
+            checked += 1
+    assert checked >= 4 * len(EDGE_INTS)
 
 
 @hs.composite
