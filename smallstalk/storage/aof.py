@@ -30,6 +30,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
+from zlib import crc32
 
 import attrs
 
@@ -49,6 +50,7 @@ HEADER = struct.Struct("<8sIQ")  # magic, version, first seq (segment) / last se
 HEADER_SIZE = HEADER.size + 4
 FRAME = struct.Struct("<II")  # payload length, CRC32 of payload
 _FRAME_PACK = FRAME.pack
+FRAME_SIZE = FRAME.size
 MAX_FRAME = 1 << 31  # a length beyond this is damage, not data
 PREALLOCATE = 1 << 20  # bytes a segment file is allocated ahead of its records
 ZERO_FRAME = "zero-length frame"
@@ -342,15 +344,20 @@ class SegmentWriter:
         self.last_seq = first_seq - 1
         # (size, records, last_seq) known to be on disk: a failed fsync cuts back to it.
         self.durable = (self.size, 0, self.last_seq)
-        self.pending = bytearray()
+        # The staged frames, headers and payloads in turn, joined by `write`: a
+        # list's appends, where a buffer's `+=` reallocates as it grows, each turn.
+        self.pending = []
+        self.pending_bytes = 0
         self.pending_records = 0
         self.pending_last_seq = self.last_seq
         self.needs_cut = False  # a failed write may have left bytes past self.size
 
     def append(self, payload: bytes, seq: int) -> None:
         pending = self.pending  # `frame`, inlined: a call and a copy of the payload a record
-        pending += _FRAME_PACK(len(payload), zlib.crc32(payload))
-        pending += payload
+        n = len(payload)
+        pending.append(_FRAME_PACK(n, crc32(payload)))
+        pending.append(payload)
+        self.pending_bytes += FRAME_SIZE + n
         self.pending_records += 1
         self.pending_last_seq = seq
 
@@ -358,7 +365,7 @@ class SegmentWriter:
         """Put the pending frames in the file; on failure cut the file back."""
         if not self.pending:
             return
-        data = bytes(self.pending)
+        data = b"".join(self.pending)
         if self.needs_cut:
             # Never leave a stale partial frame behind frames shorter than it.
             os.ftruncate(self.fd, self.size)
@@ -379,6 +386,7 @@ class SegmentWriter:
         self.records += self.pending_records
         self.last_seq = self.pending_last_seq
         self.pending.clear()
+        self.pending_bytes = 0
         self.pending_records = 0
 
     def _allocate(self, end: int) -> None:
@@ -396,6 +404,7 @@ class SegmentWriter:
 
     def discard_pending(self) -> None:
         self.pending.clear()
+        self.pending_bytes = 0
         self.pending_records = 0
         self.pending_last_seq = self.last_seq
 

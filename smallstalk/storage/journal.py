@@ -128,7 +128,7 @@ class Journal:
         written (the file grows by whole frames from its size): read-behind
         finds a put's body there, as the body is the record's last field."""
         seg = self.segment
-        return seg.path, seg.size + len(seg.pending)
+        return seg.path, seg.size + seg.pending_bytes
 
     def expect_seq(self, seq: int) -> None:
         """A replica logs the primary's seqs: take exactly this one next."""

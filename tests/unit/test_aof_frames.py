@@ -183,7 +183,7 @@ def test_a_segment_writer_writes_its_header_and_appends(tmp_path: Path) -> None:
     seg.append(put(6), 6)
     seg.write()
     seg.sync()
-    assert (seg.records, seg.last_seq, seg.pending) == (2, 6, bytearray())
+    assert (seg.records, seg.last_seq, seg.pending, seg.pending_bytes) == (2, 6, [], 0)
     seg.close()
     data = seg.path.read_bytes()
     assert len(data) == seg.size and os.stat(seg.path).st_mode & 0o777 == 0o644
@@ -234,7 +234,8 @@ def test_discard_pending_forgets_staged_records(tmp_path: Path) -> None:
     seg = SegmentWriter(tmp_path, 1)
     seg.append(put(1), 1)
     seg.discard_pending()
-    assert (seg.pending, seg.pending_records, seg.pending_last_seq) == (bytearray(), 0, 0)
+    assert (seg.pending, seg.pending_bytes, seg.pending_records, seg.pending_last_seq) == (
+        [], 0, 0, 0)
     seg.write()
     seg.close()
     assert seg.path.stat().st_size == aof.HEADER_SIZE
