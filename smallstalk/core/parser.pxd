@@ -8,9 +8,10 @@ cdef class Parser:
     cdef public object _buf, _mode, _put, _skip, max_job_size, _last, _skip_reply
     cdef public object _last_unique
     # The put a fast path makes, typed (parser.py's annotations are not: see
-    # its first line), so its fields are stored in the object.
+    # its first line), so its fields are stored in the object; a read as
+    # bytes, so its bytes and slices are read in place.
     @cython.locals(put=Put)
-    cpdef take(self, data)
+    cpdef take(self, bytes data)
     @cython.locals(same=Put)
     cpdef events(self)
 

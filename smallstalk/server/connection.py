@@ -228,6 +228,8 @@ class _Connection:
             self.lp.end_of_input(self.session)
             self._wake()
             return
+        if type(data) is not bytes:  # a TLS stream's read may be a bytearray
+            data = bytes(data)
         events, held = self.parser.take(data)
         self.read_bytes += len(data)
         if events:
