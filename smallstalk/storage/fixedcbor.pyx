@@ -51,6 +51,15 @@ cdef inline Py_ssize_t _head(Py_ssize_t i, unsigned char major,
     return i + 9
 
 
+cdef inline Py_ssize_t _heads(Py_ssize_t i, unsigned long long* n, int start,
+                              int stop) noexcept:
+    """The unsigned ints n[start:stop] at _buf[i]; the next index."""
+    cdef int k
+    for k in range(start, stop):
+        i = _head(i, 0, n[k])
+    return i
+
+
 cdef inline Py_ssize_t _text(Py_ssize_t i, bytes t) noexcept:
     """An ASCII text (checked by the caller) at _buf[i]; the next index."""
     cdef Py_ssize_t n = len(t)
@@ -93,13 +102,7 @@ def put(code, seq, time, conn, id, tube, pri, delay, ttr, body):
     if t is None:
         return None
     _buf[0] = 0x8A  # an array of 10
-    cdef Py_ssize_t i = 1, k
-    for k in range(5):
-        i = _head(i, 0, n[k])
-    i = _text(i, t)
-    for k in range(5, 8):
-        i = _head(i, 0, n[k])
-    return _with_body(i, body)
+    return _with_body(_heads(_text(_heads(1, n, 0, 5), t), n, 5, 8), body)
 
 
 def job(code, seq, time, conn, id):
@@ -113,10 +116,7 @@ def job(code, seq, time, conn, id):
     except OverflowError:
         return None
     _buf[0] = 0x85  # an array of 5
-    cdef Py_ssize_t i = 1, k
-    for k in range(5):
-        i = _head(i, 0, n[k])
-    return PyBytes_FromStringAndSize(<char*>_buf, i)
+    return PyBytes_FromStringAndSize(<char*>_buf, _heads(1, n, 0, 5))
 
 
 def put_unique(code, seq, time, conn, tube, key, unique_for, keys_max, id, pri, delay, ttr,
@@ -139,11 +139,4 @@ def put_unique(code, seq, time, conn, tube, key, unique_for, keys_max, id, pri, 
     if t is None or k is None:
         return None
     _buf[0] = 0x8D  # an array of 13
-    cdef Py_ssize_t i = 1, f
-    for f in range(4):
-        i = _head(i, 0, n[f])
-    i = _text(i, t)
-    i = _text(i, k)
-    for f in range(4, 10):
-        i = _head(i, 0, n[f])
-    return _with_body(i, body)
+    return _with_body(_heads(_text(_text(_heads(1, n, 0, 4), t), k), n, 4, 10), body)
