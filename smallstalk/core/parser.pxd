@@ -16,3 +16,7 @@ cdef class Parser:
     cpdef events(self)
 
 cpdef parse_line(bytes line, max_job_size)
+
+# The exact lines as whole reads (`take`'s first lookup): a dict the C code
+# calls directly, where an untyped global's `.get` is an attribute lookup.
+cdef dict _EXACT_READS

@@ -408,6 +408,8 @@ _TABLE: list[tuple[bytes, object]] = [
 # commonest line with an argument (what `_p_reserve_timeout` makes of it).
 _EXACT = {prefix: cmd for prefix, cmd in _TABLE if not callable(cmd)}
 _EXACT[b"reserve-with-timeout 0"] = Reserve(0)
+# The same as whole reads, CRLF included: `take` looks a read up as it came.
+_EXACT_READS = {line + b"\r\n": cmd for line, cmd in _EXACT.items()}
 
 
 @attrs.frozen(slots=True)
@@ -628,6 +630,9 @@ class Parser:
                         return [PutUnique(m.group(1).decode("ascii"), pri, delay, ttr,
                                           data[stop:n - 2])], 0
             elif 1 < n <= LINE_MAX and data[-1] == 0x0A and data[-2] == 0x0D:
+                exact = _EXACT_READS.get(data)  # a worker's `reserve`, each time
+                if exact is not None:
+                    return [exact], 0
                 if data[0] == 0x64 and data[:7] == b"delete ":
                     # A worker's every other line: parse_line's way to it
                     # (the exact lines' lookup, a partition, the argument
