@@ -28,8 +28,8 @@ class LiveEncoder:
     a keyed put) without making them: the same bytes as `encode` of the
     record. It keeps one cbor2 encoder and its buffer: `cbor2.dumps` makes
     both on every call, a third of what encoding a small record costs. In
-    the compiled build `fixedcbor` writes what it can, a tenth of cbor2's
-    cost, and cbor2 the rest. Not shared between threads: each owner (the
+    the compiled build `fixedcbor` writes what it can, for a sixth of
+    cbor2's cost, and cbor2 the rest. Not shared between threads: each owner (the
     loop, the group commit) has its own."""
 
     def __init__(self) -> None:

@@ -21,6 +21,9 @@ cdef enum:
     MAX_TEXT = 255
     HEAD_ROOM = 13 * 9 + 2 * MAX_TEXT
 
+# One buffer for every caller: each call holds the GIL from start to end (it
+# runs no Python code and allocates only bytes, which start no collection),
+# so no other thread can write here in the middle of it.
 cdef unsigned char _buf[HEAD_ROOM]
 
 
