@@ -74,13 +74,19 @@ class PowerRounds(Harness):
     disk: PowerCutMount = attrs.field(kw_only=True)
     started_with: list[tuple[str, ...]] = attrs.Factory(list)
     spilled_rounds: int = 0
+    phase: int = 0  # read-behind on the starts of this parity (the seed picks it)
 
     @property
     def data(self) -> Path:
         return self.disk.path / "data"
 
     def start(self) -> Server:
-        args = SMALL + (READ_BEHIND if self.rng.random() < 0.5 else ())
+        # Every other start with read-behind, not each by a coin: nine coins
+        # came up all tails once (seed 3989169568), and read-behind went untested.
+        if not self.started_with:
+            self.phase = self.rng.randrange(2)
+        read_behind = len(self.started_with) % 2 == self.phase
+        args = SMALL + (READ_BEHIND if read_behind else ())
         self.started_with.append(args)
         return start_smallstalk(self.tmp, *args, data_dir=self.data)
 
