@@ -71,29 +71,48 @@ def _wait_up(port: int, proc: subprocess.Popen, timeout: float = 600) -> None:
     raise SystemExit("server did not answer `stats` in time")
 
 
-def _wait_accepted(port: int, conns: int, timeout: float = 600) -> None:
-    """Until smallstalk has accepted `conns` connections besides the one
-    asking (`stats`' current-connections). Under valgrind it accepts slowly:
-    a run that ends before it has accepted every connection counts fewer
-    connections' set-up than the longer run, and the difference of the two
-    is then set-up, not commands (at 100 connections and 1,000 puts, 49
-    connections were accepted against 83 in the run of 3,000)."""
+def _connections(s: socket.socket) -> int:
+    """smallstalk's current-connections (`stats`), this one included."""
+    s.sendall(b"stats\r\n")
+    data = b""
+    while b"\r\n" not in data:
+        data += s.recv(65536)
+    head, _, data = data.partition(b"\r\n")
+    size = int(head.split()[1]) + 2
+    while len(data) < size:
+        data += s.recv(65536)
+    for line in data.split(b"\n"):
+        if line.startswith(b"current-connections:"):
+            return int(line.split()[1])
+    raise SystemExit("no current-connections in stats")
+
+
+def _wait_connections(port: int, done, what: str, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
         while time.monotonic() < deadline:
-            s.sendall(b"stats\r\n")
-            data = b""
-            while b"\r\n" not in data:
-                data += s.recv(65536)
-            head, _, data = data.partition(b"\r\n")
-            size = int(head.split()[1]) + 2
-            while len(data) < size:
-                data += s.recv(65536)
-            for line in data.split(b"\n"):
-                if line.startswith(b"current-connections:") and int(line.split()[1]) > conns:
-                    return
+            if done(_connections(s)):
+                return
             time.sleep(0.2)
-    raise SystemExit(f"server did not accept {conns} connections in time")
+    raise SystemExit(f"server did not {what} in time")
+
+
+def _wait_accepted(port: int, conns: int) -> None:
+    """Until smallstalk has accepted `conns` connections besides the one
+    asking. Under valgrind it accepts slowly: a run that ends before it has
+    accepted every connection counts fewer connections' set-up than the
+    longer run, and the difference of the two is then set-up, not commands
+    (at 100 connections and 1,000 puts, 49 connections were accepted against
+    83 in the run of 3,000)."""
+    _wait_connections(port, lambda n: n > conns, f"accept {conns} connections")
+
+
+def _wait_closed(port: int) -> None:
+    """Until smallstalk has closed the load's connections, before it is
+    stopped: a run stopped while it still closes them counts some of the
+    closes and the other run not (±750 instructions a put at 100
+    connections, in either direction)."""
+    _wait_connections(port, lambda n: n <= 1, "close the load's connections")
 
 
 def _first_call_only(f):
@@ -136,6 +155,8 @@ def instructions(kind: str, source: str | None, conns: int, ops: int, tmp: Path,
         if res["ops"] < ops or res.get("errors"):
             raise SystemExit(f"{kind}: {res['ops']} of {ops} {workload} ops answered, "
                              f"{res.get('errors')} errors")
+        if kind != "floor":
+            _wait_closed(port)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
