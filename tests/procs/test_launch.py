@@ -4,6 +4,7 @@ recovering is accepted at once, and answered once recovery is done.
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -58,6 +59,31 @@ def test_a_client_connecting_during_recovery_is_accepted(tmp_path: Path) -> None
                 reply += chunk
         assert reply == want
         assert b"recovered %d jobs" % JOBS in log_path.read_bytes()
+        # A stop with all those jobs held: launch.py ends the process without
+        # the interpreter's teardown, after the server has closed its files and
+        # flushed its log; the exit status and the last line are still there.
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+        lines = log_path.read_text().splitlines()
+        assert lines[-1].endswith("shutting down"), lines[-3:]
+        assert "Traceback" not in log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # ...and the next start finds every job, the data directory unlocked.
+    port = free_port()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "smallstalk", "-l", "127.0.0.1",
+                                 "-p", str(port), "--data-dir", str(data)], stderr=log)
+    try:
+        wait_listening(port, proc, timeout=60)
+        with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
+            s.sendall(b"peek %d\r\n" % JOBS)
+            reply = b""
+            while len(reply) < len(want) and (chunk := s.recv(4096)):
+                reply += chunk
+        assert reply == want
     finally:
         proc.kill()
         proc.wait()
