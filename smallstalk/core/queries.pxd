@@ -3,12 +3,12 @@
 from smallstalk.core.model cimport Conn, Job, Limit, Tube
 
 cdef class Queries:
-    cdef public dict jobs, tubes, conns, waiters, fanout
+    cdef public dict jobs, tubes, conns, waiters, fanout, ints
     cdef public object tube_order, next_job_id, next_conn_id
     cdef public object last_seq, time
     cdef public object wait_heap, waiters_holding, paused, waited, epochs
     cdef public object delay_heap, ttr_heap, expiry_heap, expires, keys
-    cdef public object holds, limits, schedules, ints
+    cdef public object holds, limits, schedules
     # Counts as C integers (see model.pxd's Tube).
     cdef public long long total_jobs, job_timeouts, body_bytes, spilled_bytes
     cdef public long long ready_n, urgent_n, reserved_n, delayed_n, buried_n, waiting_n

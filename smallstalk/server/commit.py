@@ -434,6 +434,7 @@ class GroupCommit:
     def _collect(self, send: bool = False) -> list[Delivery]:
         """Take every touched session's replies of this turn, one delivery each
         (`send`: send each at once instead, and return none)."""
+        s: Session  # (compiled: its fields read directly)
         touched, self.touched = self.touched, {}
         sessions = self.owner.sessions
         deliveries = []

@@ -1,8 +1,11 @@
 # The compiled build's declarations (see core/model.pxd): the fields are on
 # roles.pxd's Roles, the root.
+from smallstalk.core.commands cimport Delete, Put, Reserve
 from smallstalk.core.state cimport State
+from smallstalk.server cimport dispatch
 from smallstalk.server.roles cimport Roles
 from smallstalk.server.session cimport Session
 
 cdef class MutationLoop(Roles):
-    pass
+    # Called only by the loop's own methods: a C call, not a method lookup.
+    cdef _run(self, Session s)

@@ -36,6 +36,7 @@ import trio
 
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
+from smallstalk.core.commands import Delete, Put, Reserve
 from smallstalk.core.state import State
 from smallstalk.server import dispatch, holdback, timers
 from smallstalk.server.admin import AdminPolicy
@@ -502,13 +503,23 @@ class MutationLoop(Roles):
         # Each session runs at most one slice per turn: those left over from
         # the last turn run after the batch, not also in it.
         runnable, self.runnable = self.runnable, {}
+        s: Session  # (compiled: its fields read directly)
         for item in batch:
-            kind, s = item[0], item[1]
+            kind = item[0]
+            if kind == "call":
+                fn, args, box, done = item[1]
+                try:
+                    box.append(fn(*args))
+                except Exception as e:  # handed back to the caller
+                    box.append(e)
+                calls.append((box, done))
+                continue
+            s = item[1]
             if kind == "cmds":
                 if s.pending:
                     s.pending.extend(item[2])
                 else:
-                    s.pending = deque(item[2])
+                    s.pending = item[2]  # the parser's list, the session's from here on
                 s.pending_bytes += item[3]
                 if s.id not in runnable:
                     self._run(s)
@@ -525,13 +536,6 @@ class MutationLoop(Roles):
                     self.answer_wait(s, p.TIMED_OUT)
             elif kind == "close":
                 self._close(s)
-            elif kind == "call":
-                fn, args, box, done = s
-                try:
-                    box.append(fn(*args))
-                except Exception as e:  # handed back to the caller
-                    box.append(e)
-                calls.append((box, done))
         sessions = self.sessions
         for s in runnable.values():
             if s.id in sessions:
@@ -560,11 +564,14 @@ class MutationLoop(Roles):
         # Stop past OUT_BOUND unsent, or past this turn's slice: checked
         # before each command, so one reply of any size may go over.
         limit = owed + SLICE_BYTES if owed < OUT_BOUND - SLICE_BYTES else OUT_BOUND  # (no min())
-        left = SLICE_COMMANDS
+        # A list read from the front: most often it holds one command, and a
+        # deque of it would cost more than the command's whole dispatch.
         pending = s.pending  # cleared in place on quit, never replaced while this runs
-        while pending and not s.blocked and not s.closing and owed <= limit and left:
-            left -= 1
-            cmd = pending.popleft()
+        i = 0
+        end = len(pending) if len(pending) < SLICE_COMMANDS else SLICE_COMMANDS  # (no min())
+        while i < end and not s.blocked and not s.closing and owed <= limit:
+            cmd = pending[i]
+            i += 1
             if holds:
                 seq0 = st.last_seq
             if track:
@@ -572,7 +579,17 @@ class MutationLoop(Roles):
             try:
                 if self.read_only and type(cmd) in dispatch.MUTATING:
                     raise ReadOnly(self.read_only)
-                reply = handlers[type(cmd)](self, s, cmd)
+                kind = type(cmd)
+                # The everyday three called by name: compiled, a C call
+                # instead of a call through the table.
+                if kind is Put:
+                    reply = dispatch.put(self, s, cmd)
+                elif kind is Delete:
+                    reply = dispatch.delete(self, s, cmd)
+                elif kind is Reserve:
+                    reply = dispatch.reserve(self, s, cmd)
+                else:
+                    reply = handlers[kind](self, s, cmd)
             except Unavailable:
                 reply = p.INTERNAL_ERROR
             except ReadOnly:
@@ -594,7 +611,8 @@ class MutationLoop(Roles):
             if track:
                 c.note_need(s, must0)
         s.owed = owed
-        if s.pending:
+        if len(pending) > i:
+            del pending[:i]  # (a slice's run ends at most SLICE_COMMANDS in)
             if not s.blocked and not s.closing:
                 if owed > OUT_BOUND:
                     s.held = True  # session.sent resumes it once the socket took enough
