@@ -1,6 +1,7 @@
 # The compiled build's declarations (see core/model.pxd): the group commit's
 # fields, read by the loop's turn and by the handlers through it.
 from smallstalk.server.session cimport Session
+from smallstalk.storage.encoder cimport LiveEncoder
 from smallstalk.storage.journal cimport Journal
 
 cdef class GroupCommit:
@@ -10,5 +11,8 @@ cdef class GroupCommit:
     cdef public Journal journal
     cdef public object owner, min_replica_acks, replica_ack_timeout
     cdef public object failed_until, stale, awaiting_acks, unsynced, track_needs, must_sync
-    cdef public object put_ids, put_seqs, kick_seq, revealed, _encoder
+    cdef public object put_ids, put_seqs, kick_seq, revealed
+    cdef public LiveEncoder _encoder
     cdef public object turn_seq0, turn_puts, holds
+    # The everyday put's record, staged from the loop: a C call.
+    cpdef stage_put(self, bytes payload, seq, job_id)

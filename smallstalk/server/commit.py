@@ -196,7 +196,7 @@ class GroupCommit:
             path, end = self.journal.appended_at()
             self.turn_puts.append((rec, path, end - len(rec.body)))
 
-    def stage_put(self, payload: bytes, seq: int, job_id: int) -> None:
+    def stage_put(self, payload: bytes, seq, job_id) -> None:
         """`stage` for the everyday put, already encoded (the loop's
         `LiveEncoder`): the same bytes staged and the same bookkeeping,
         without the record."""

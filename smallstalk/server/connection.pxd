@@ -1,5 +1,6 @@
 # The compiled build's declarations (see core/model.pxd): a polled
 # connection's fields, which only its own methods read.
+from smallstalk.core.parser cimport Parser
 from smallstalk.server.session cimport Session
 
 cdef class _Connection:

@@ -53,7 +53,7 @@ from os import write as os_write
 
 import trio
 
-from smallstalk.core.protocol import Parser
+from smallstalk.core.parser import Parser
 from smallstalk.server import poller as poller_mod
 from smallstalk.server import tls
 from smallstalk.server.loop import MutationLoop
@@ -189,6 +189,7 @@ class _Connection:
 
     def on_readable(self) -> None:
         """Bytes arrived (the poller calls this): read once, hand on the commands."""
+        text: Parser  # (compiled: the text protocol's `take` a C call, not a lookup)
         try:
             data = os_read(self.fd, RECV_SIZE)
         except BlockingIOError:
@@ -196,7 +197,12 @@ class _Connection:
         except OSError:
             data = b""
         if data:  # _received and _over_limit, inlined: a request/response command's path
-            events, held = self.parser.take(data)
+            parser = self.parser
+            if type(parser) is Parser:
+                text = parser
+                events, held = text.take(data)
+            else:  # another protocol's (server/memcache.py)
+                events, held = parser.take(data)
             self.read_bytes += len(data)
             s = self.session
             if events:

@@ -4,6 +4,7 @@
 from smallstalk.core.state cimport State
 from smallstalk.server.commit cimport GroupCommit
 from smallstalk.server.session cimport Session
+from smallstalk.storage.encoder cimport LiveEncoder
 from smallstalk.storage.journal cimport Journal
 
 cdef class Roles:
@@ -15,7 +16,8 @@ cdef class Roles:
     cdef public dict sessions, counters, tube_counters, runnable, feeds
     cdef public object serving_since, total_connections
     cdef public object refused, draining, read_only, lease_until, instance_id, _next_conn
-    cdef public object _replica_next, _seq, _id_floor, _encoder, _inbox, _waiter, _sleep
+    cdef public object _replica_next, _seq, _id_floor, _inbox, _waiter, _sleep
+    cdef public LiveEncoder _encoder
     cdef public object _waits_turn, _turning, batching, _resume_cb, role
     cdef public object follower, replication, ha, policies, schedules_loaded, config_path
     cdef public object bodies, admin, extended_stats, deferred, searches

@@ -7,3 +7,7 @@ cdef class SegmentWriter:
     cdef public object records, last_seq, durable, pending_records
     cdef public object pending_last_seq, needs_cut, pending_bytes
     cdef public list pending
+    # Staging a frame, from the journal: a C call. (Its seq, and the seqs and
+    # ids of journal.pxd's and commit.pxd's like methods, are left unannotated in
+    # the .py: an `int` annotation is a signature of its own, checked each call.)
+    cpdef append(self, bytes payload, seq)

@@ -352,7 +352,7 @@ class SegmentWriter:
         self.pending_last_seq = self.last_seq
         self.needs_cut = False  # a failed write may have left bytes past self.size
 
-    def append(self, payload: bytes, seq: int) -> None:
+    def append(self, payload: bytes, seq) -> None:
         pending = self.pending  # `frame`, inlined: a call and a copy of the payload a record
         n = len(payload)
         pending.append(_FRAME_PACK(n, crc32(payload)))

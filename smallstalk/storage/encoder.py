@@ -14,11 +14,10 @@ import cbor2
 from smallstalk.core import records as r
 
 try:  # the compiled build's writer of these records (fixedcbor.pyx)
-    from smallstalk.storage.fixedcbor import job as _fixed_job
-    from smallstalk.storage.fixedcbor import put as _fixed_put
-    from smallstalk.storage.fixedcbor import put_unique as _fixed_put_unique
+    from smallstalk.storage import fixedcbor
+    FIXED = True
 except ImportError:  # the pure build: cbor2 alone
-    _fixed_put = _fixed_job = _fixed_put_unique = None
+    FIXED = False
 
 PUT = r.Put.CODE
 
@@ -39,8 +38,8 @@ class LiveEncoder:
     def put(self, seq: int, time: int, conn: int, id: int, tube: str, pri: int, delay: int,
             ttr: int, body: bytes) -> bytes:
         """`records.encode(Put(...))`."""
-        if _fixed_put is not None:
-            out = _fixed_put(PUT, seq, time, conn, id, tube, pri, delay, ttr, body)
+        if FIXED:
+            out = fixedcbor.put(PUT, seq, time, conn, id, tube, pri, delay, ttr, body)
             if out is not None:
                 return out
         buf = self._buf
@@ -51,8 +50,8 @@ class LiveEncoder:
 
     def job(self, cls: type, seq: int, time: int, conn: int, id: int) -> bytes:
         """`records.encode(cls(seq, time, conn, id))` of a Reserve or a Delete."""
-        if _fixed_job is not None:
-            out = _fixed_job(cls.CODE, seq, time, conn, id)
+        if FIXED:
+            out = fixedcbor.job(cls.CODE, seq, time, conn, id)
             if out is not None:
                 return out
         buf = self._buf
@@ -66,9 +65,9 @@ class LiveEncoder:
                    body: bytes) -> bytes:
         """`records.encode(PutUnique(...))` of the everyday keyed put: one job, in the
         tube put into, nothing dropped, no expiry (the record's compact form)."""
-        if _fixed_put_unique is not None:
-            out = _fixed_put_unique(r.PUT_UNIQUE_ONE, seq, time, conn, tube, key, unique_for,
-                                    keys_max, id, pri, delay, ttr, body)
+        if FIXED:
+            out = fixedcbor.put_unique(r.PUT_UNIQUE_ONE, seq, time, conn, tube, key,
+                                       unique_for, keys_max, id, pri, delay, ttr, body)
             if out is not None:
                 return out
         buf = self._buf

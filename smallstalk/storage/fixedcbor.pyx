@@ -89,7 +89,7 @@ cdef inline bytes _ascii(object s):
     return (<str>s).encode("ascii")
 
 
-def put(code, seq, time, conn, id, tube, pri, delay, ttr, body):
+cpdef put(code, seq, time, conn, id, tube, pri, delay, ttr, body):
     """cbor2.dumps([code, seq, time, conn, id, tube, pri, delay, ttr, body]), or None."""
     cdef unsigned long long n[9]
     if not (type(code) is int and type(seq) is int and type(time) is int
@@ -108,7 +108,7 @@ def put(code, seq, time, conn, id, tube, pri, delay, ttr, body):
     return _with_body(_heads(_text(_heads(1, n, 0, 5), t), n, 5, 8), body)
 
 
-def job(code, seq, time, conn, id):
+cpdef job(code, seq, time, conn, id):
     """cbor2.dumps([code, seq, time, conn, id]), or None."""
     cdef unsigned long long n[5]
     if not (type(code) is int and type(seq) is int and type(time) is int
@@ -122,7 +122,7 @@ def job(code, seq, time, conn, id):
     return PyBytes_FromStringAndSize(<char*>_buf, _heads(1, n, 0, 5))
 
 
-def put_unique(code, seq, time, conn, tube, key, unique_for, keys_max, id, pri, delay, ttr,
+cpdef put_unique(code, seq, time, conn, tube, key, unique_for, keys_max, id, pri, delay, ttr,
                body):
     """cbor2.dumps([code, seq, time, conn, tube, key, unique_for, keys_max, id, pri,
     delay, ttr, body]), or None."""

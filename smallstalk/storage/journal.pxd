@@ -9,3 +9,6 @@ cdef class Journal:
     cdef public object aof_dir, fsync, interval, segment_records, segment_bytes, next_seq
     cdef public object committed_seq, written_seq, records_written, _sync_gen, sync_asked
     cdef public object syncer, _dirty, rotated, metrics
+    # Staging an encoded record, from the commit: a C call.
+    cpdef append_payload(self, bytes payload, seq)
+    cpdef take_seq(self)

@@ -119,7 +119,7 @@ class Journal:
         self.append_payload(payload, rec.seq)
         return payload
 
-    def append_payload(self, payload: bytes, seq: int) -> None:
+    def append_payload(self, payload: bytes, seq) -> None:
         """Stage an encoded record (`append` does the encoding)."""
         self.segment.append(payload, seq)
 
