@@ -48,8 +48,9 @@ COMPILED = ["smallstalk/core/model.py", "smallstalk/core/commands.py",
             "smallstalk/server/poller.py", "smallstalk/server/timers.py"]
 # Written for the compiled build alone, each the twin of code a pure module
 # keeps as the reference and falls back to without it: the everyday
-# records' CBOR, written in C (cbor2 in encoder.py).
-TWINS = ["smallstalk/storage/fixedcbor.pyx"]
+# records' CBOR (cbor2 in encoder.py) and a frame's header (struct and zlib
+# in aof.py), written in C.
+TWINS = ["smallstalk/storage/fixedcbor.pyx", "smallstalk/storage/framehead.pyx"]
 
 
 def _copy_package(out: Path) -> None:

@@ -1,5 +1,6 @@
 # The compiled build's declarations (see core/model.pxd): the open segment's
 # fields (a `__dict__` beside them: tests put a failing `write` on one).
+from smallstalk.storage cimport framehead
 
 cdef class SegmentWriter:
     cdef dict __dict__

@@ -37,6 +37,11 @@ import attrs
 from smallstalk.core import records
 
 # The names are datadir's; re-exported here for the many readers that list segments.
+try:  # the compiled build's frame header (framehead.pyx)
+    from smallstalk.storage import framehead
+    FAST_HEAD = True
+except ImportError:  # the pure build: struct and zlib
+    FAST_HEAD = False
 from smallstalk.storage.datadir import (  # noqa: F401
     list_segments,
     list_snapshots,
@@ -355,7 +360,8 @@ class SegmentWriter:
     def append(self, payload: bytes, seq) -> None:
         pending = self.pending  # `frame`, inlined: a call and a copy of the payload a record
         n = len(payload)
-        pending.append(_FRAME_PACK(n, crc32(payload)))
+        head = framehead.head(payload) if FAST_HEAD else None
+        pending.append(_FRAME_PACK(n, crc32(payload)) if head is None else head)
         pending.append(payload)
         self.pending_bytes += FRAME_SIZE + n
         self.pending_records += 1

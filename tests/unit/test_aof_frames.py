@@ -190,6 +190,20 @@ def test_a_segment_writer_writes_its_header_and_appends(tmp_path: Path) -> None:
     assert [rec.seq for _, rec in list(logread.iter_segment(seg.path))[:-1]] == [5, 6]
 
 
+@pytest.mark.parametrize("size", [0, 1, 3, 4, 100, 255, 256, 65_535, 65_536, 1 << 20])
+def test_a_staged_frame_is_the_structs_length_and_crc(tmp_path: Path, size: int) -> None:
+    # The compiled build writes the header in C (storage/framehead.pyx), the
+    # pure one with struct and zlib: both must stage exactly `aof.frame`'s bytes.
+    payload = bytes((i * 7 + size) % 256 for i in range(size))
+    seg = SegmentWriter(tmp_path, 1)
+    seg.append(payload, 1)
+    assert b"".join(seg.pending) == aof.frame(payload)
+    assert b"".join(seg.pending) == struct.pack("<II", size, zlib.crc32(payload)) + payload
+    assert seg.pending_bytes == aof.FRAME_SIZE + size
+    seg.discard_pending()
+    seg.close()
+
+
 def test_a_segment_is_allocated_ahead_and_closes_at_its_exact_size(tmp_path: Path) -> None:
     seg = SegmentWriter(tmp_path, 1, preallocate=64 << 10)
     seg.append(put(1), 1)

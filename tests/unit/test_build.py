@@ -102,12 +102,12 @@ def test_the_twins_are_built_with_the_compiled_modules_and_only_there() -> None:
     # A twin is C the compiled build runs in place of a pure module's code
     # (which stays the reference); the pure build must not find one in the
     # tree, and the compiled build must use every one it has.
-    from smallstalk.storage import encoder
+    from smallstalk.storage import aof, encoder
 
     tool = _tool()
     assert tool.TWINS == [p.relative_to(PACKAGE.parent).as_posix()
                           for p in sorted(PACKAGE.rglob("*.pyx"))]
-    assert encoder.FIXED is (BUILD == "compiled")
+    assert encoder.FIXED is aof.FAST_HEAD is (BUILD == "compiled")
 
 
 def test_the_pxd_files_declare_every_field_their_classes_set() -> None:
