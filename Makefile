@@ -59,11 +59,14 @@ system-packages:
 
 # FUSE for the power-cut tests (tests/support/powercutfs.py): fuse3 has
 # fusermount3; libfuse3-dev and pkg-config build pyfuse3 (in the test extra).
+# zlib1g-dev: zlib's header, for the compiled build's frame header
+# (smallstalk/storage/framehead.pyx), which make test builds.
 fuse-packages:
 	@missing=""; \
 	command -v fusermount3 >/dev/null || missing="$$missing fuse3"; \
 	command -v pkg-config >/dev/null || missing="$$missing pkg-config"; \
 	dpkg -s libfuse3-dev >/dev/null 2>&1 || missing="$$missing libfuse3-dev"; \
+	dpkg -s zlib1g-dev >/dev/null 2>&1 || missing="$$missing zlib1g-dev"; \
 	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing; fi
 
 $(STAMP): pyproject.toml | fuse-packages
