@@ -106,8 +106,8 @@ class State(Moves):
                 self.compact_heaps()
         self._apply[type(rec)](rec)
 
-    def apply_put(self, seq: int, time: int, conn: int, id: int, tube: str, pri: int,
-                  delay: int, ttr: int, body: bytes | int) -> None:
+    def apply_put(self, seq, time, conn, id, tube: str, pri, delay, ttr,
+                  body: bytes | int) -> None:
         """`apply(Put(seq, time, conn, id, tube, pri, delay, ttr, body))`, with
         the same effect and errors, without the record.
 
@@ -182,7 +182,7 @@ class State(Moves):
             t.urgent_n += 1
             self.urgent_n += 1
 
-    def apply_reserve(self, seq: int, time: int, conn: int, id: int) -> None:
+    def apply_reserve(self, seq, time, conn, id) -> None:
         """`apply(Reserve(seq, time, conn, id))`, with the same effect and
         errors, without the record: `_reserve` with a ready job's way out of
         its state and the job's counts (reserves, reserver) set in one tuple.
@@ -230,7 +230,7 @@ class State(Moves):
             if lim is not None and lim.rate:
                 lim.tat = max(lim.tat, time) + lim.interval
 
-    def apply_delete(self, seq: int, time: int, conn: int, id: int) -> None:
+    def apply_delete(self, seq, time, conn, id) -> None:
         """`apply(Delete(seq, time, conn, id))`, with the same effect and
         errors, without the record; a reserved job's way out inlined."""
         if seq:  # as `apply` does, inlined (a call costs more than these lines)

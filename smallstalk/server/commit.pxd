@@ -14,5 +14,6 @@ cdef class GroupCommit:
     cdef public object put_ids, put_seqs, kick_seq, revealed
     cdef public LiveEncoder _encoder
     cdef public object turn_seq0, turn_puts, holds
-    # The everyday put's record, staged from the loop: a C call.
+    # The everyday records, staged from the loop: C calls.
     cpdef stage_put(self, bytes payload, seq, job_id)
+    cpdef stage_job(self, type kind, conn, job_id, now)

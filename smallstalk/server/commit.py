@@ -207,7 +207,7 @@ class GroupCommit:
             self.put_seqs.append(seq)
         self.turn_payloads.append((seq, payload))  # also without feeds: see `stage`
 
-    def stage_job(self, kind: type, conn: int, job_id: int, now: int) -> int:
+    def stage_job(self, kind: type, conn, job_id, now) -> int:
         """`stage(kind(seq, now, conn, job_id))` of a Reserve or a Delete without
         the record (encoded by this commit's `LiveEncoder`): the same bytes
         staged and the same bookkeeping (`_track` keeps nothing of either).

@@ -222,7 +222,7 @@ def reserve(lp: Loop, s: Session, cmd: p.Reserve):
     # DEADLINE_SOON: that check waits until there is none.
     job: Job = st.best_ready(s.id, now)
     if job is not None:
-        lp.log_job(st.apply_reserve, RESERVE_RECORD, s.id, job.id)
+        lp.log_job(RESERVE_RECORD, s.id, job.id)
         body = job.body
         if type(body) is not bytes:
             body = lp.body_of(job)
@@ -269,7 +269,6 @@ def batch_reply(lp: Loop, cid: int, job, count: int) -> bytes:
     reservation (the TTR gives it back); a batch hands out no job it cannot
     carry. Never raises BodyError (the grant resets the batch afterwards)."""
     out = []
-    reserve = lp.state.apply_reserve  # `log(r.Reserve, ...)`'s change, without the record
     while True:
         try:
             body = lp.body_of(job)
@@ -281,7 +280,7 @@ def batch_reply(lp: Loop, cid: int, job, count: int) -> bytes:
                       job.id, e)
             lp.volatile(r.WaitStop, cid)
             return p.INTERNAL_ERROR
-        lp.log_job(reserve, r.Reserve, cid, job.id)
+        lp.log_job(r.Reserve, cid, job.id)
         out.append((job.id, body))
         if len(out) >= count:
             break
@@ -316,7 +315,7 @@ def delete(lp: Loop, s: Session, cmd: p.Delete):
     job: Job = st.jobs.get(cmd.id)
     if job is None or (job.state == RESERVED and job.counts[RESERVER] != s.id):
         return NOT_FOUND
-    lp.log_job(st.apply_delete, DELETE_RECORD, s.id, cmd.id)
+    lp.log_job(DELETE_RECORD, s.id, cmd.id)
     return DELETED
 
 

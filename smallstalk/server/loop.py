@@ -63,6 +63,7 @@ wall_clock: Callable[[], int] = time.time_ns  # the loop's clock (tests inject a
 # loop's `_run` compares every reply with them).
 BLOCK, CLOSE, NOREPLY = dispatch.BLOCK, dispatch.CLOSE, dispatch.NOREPLY
 HANDLERS = dispatch.HANDLERS
+RESERVE = r.Reserve  # (log_job's test: compiled, a global of this module is one lookup)
 
 # A replica's own sessions take ids far above its primary's connection ids,
 # which arrive in the primary's records: sharing one would let a local
@@ -265,19 +266,23 @@ class MutationLoop(Roles):
         self.state.apply(rec)
         return rec
 
-    def log_job(self, apply: Callable[[int, int, int, int], None], cls: type, conn: int,
-                job_id: int) -> None:
+    def log_job(self, cls: type, conn: int, job_id: int) -> None:
         """`log(cls, conn, job_id)` of a Reserve or Delete, no record made: its
-        state change by `apply` (State.apply_reserve, apply_delete), staged
-        by `commit.stage_job` with a journal; `log` itself where it checks."""
+        state change by State.apply_reserve or apply_delete, staged by
+        `commit.stage_job` with a journal; `log` itself where it checks."""
         c = self.commit
         if self.journal is None and not self.read_only:
             self._seq += 1
-            apply(self._seq, self.now, conn, job_id)
+            seq = self._seq
         elif self.read_only or c.failed_until or c.stale:
             self.log(cls, conn, job_id)
+            return
         else:
-            apply(c.stage_job(cls, conn, job_id, self.now), self.now, conn, job_id)
+            seq = c.stage_job(cls, conn, job_id, self.now)
+        if cls is RESERVE:
+            self.state.apply_reserve(seq, self.now, conn, job_id)
+        else:
+            self.state.apply_delete(seq, self.now, conn, job_id)
 
     def log_put(self, conn: int, tube: str, pri: int, delay: int, ttr: int,
                 body: bytes) -> int:
@@ -701,7 +706,7 @@ class MutationLoop(Roles):
                     if s.batch:
                         reply, s.batch = dispatch.batch_reply(self, cid, job, s.batch), 0
                     else:
-                        self.log_job(st.apply_reserve, r.Reserve, cid, job.id)
+                        self.log_job(r.Reserve, cid, job.id)
                         reply = p.reserved(job.id, self.body_of(job))
                 except BodyError as e:
                     log.error("answering INTERNAL_ERROR: %s", e)

@@ -126,10 +126,10 @@ def _take(lp: dispatch.Loop, s: Session, key: bytes, job: Job, mode: int,
             lp.volatile(r.WaitStop, s.id)
         return m.server_error("cannot read the item back")
     if mode == OPEN:
-        lp.log_job(lp.state.apply_reserve, r.Reserve, s.id, job.id)  # also ends a wait
+        lp.log_job(r.Reserve, s.id, job.id)  # also ends a wait
     else:
         if mode == TAKE:
-            lp.log_job(lp.state.apply_delete, r.Delete, s.id, job.id)
+            lp.log_job(r.Delete, s.id, job.id)
         if waiting:
             lp.volatile(r.WaitStop, s.id)
     s.dialect.service.taken(job, lp.now)
