@@ -24,6 +24,7 @@ itself (connection.py: `_Connection.reader`).
 from __future__ import annotations
 
 import select
+from collections.abc import Callable
 from typing import Protocol
 
 import trio
@@ -49,11 +50,13 @@ class Poller:
     def __init__(self, batcher: Batcher) -> None:
         self._batcher = batcher
         self._ep = select.epoll()
-        self._conns: dict[int, Readable] = {}
+        # Each socket's `on_readable`, bound once: the pass calls it without
+        # looking the method up on every wake-up.
+        self._conns: dict[int, Callable[[], None]] = {}
 
     def add(self, fd: int, conn: Readable) -> None:
         if fd not in self._conns:
-            self._conns[fd] = conn
+            self._conns[fd] = conn.on_readable
             self._ep.register(fd, select.EPOLLIN)
 
     def remove(self, fd: int) -> None:
@@ -70,9 +73,9 @@ class Poller:
                 await trio.lowlevel.wait_readable(ep.fileno())
                 batcher.begin_batch()
                 for fd, _events in ep.poll(0):
-                    conn = conns.get(fd)
-                    if conn is not None:
-                        conn.on_readable()
+                    on_readable = conns.get(fd)
+                    if on_readable is not None:
+                        on_readable()
                 await batcher.end_batch()
         finally:
             ep.close()
