@@ -194,7 +194,7 @@ class Moves(Queries):
     def enter_buried(self, j: Job) -> None:
         j.state = BURIED
         j.deadline = 0
-        j.tube.buried[j.id] = j
+        j.tube.buried[j.id] = None
         self.buried_n += 1
 
     def _enqueue(self, j: Job, delay: int, now: int) -> None:

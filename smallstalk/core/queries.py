@@ -131,7 +131,7 @@ class Queries:
         t = self.tubes.get(tube)
         if t is None or not t.buried:
             return None
-        return next(iter(t.buried.values()))
+        return self.jobs[next(iter(t.buried))]
 
     def best_ready(self, cid: int, now: int) -> Job | None:
         """The job a reserve by `cid` gets now: lowest (pri, id) in unpaused watched tubes."""

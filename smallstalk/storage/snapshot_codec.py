@@ -62,8 +62,8 @@ def dump(state: State) -> Iterator[list]:
         if j.state != BURIED:  # buried jobs follow, in their FIFO order
             yield _job_item(state, j)
     for name in state.tube_order:
-        for j in state.tubes[name].buried.values():
-            yield _job_item(state, j)
+        for jid in state.tubes[name].buried:
+            yield _job_item(state, state.jobs[jid])
     yield from _keys_items(state)
     for jid in sorted(state.holds):
         yield ["hold", jid, state.holds[jid]]

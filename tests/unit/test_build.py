@@ -149,3 +149,39 @@ def test_the_pxd_files_declare_every_field_a_chain_sets(root: Path) -> None:
     for module in chain[1:]:  # the fields live on the chain's root
         pxd = root.parent / (module[:-3] + ".pxd")
         assert not any(fields for fields, _ in _declared(pxd).values()), pxd.name
+
+
+def test_a_job_is_never_in_a_reference_cycle() -> None:
+    # The compiled build leaves jobs out of the cyclic collector (core/model.py's
+    # Job): a job that something it refers to kept alive would never be freed
+    # there. Jobs in every state, a keyed one, a paused tube: nothing reachable
+    # from a job's fields is a job.
+    import gc
+
+    from smallstalk.core import records as r
+    from smallstalk.core.state import State
+
+    t0 = 1_700_000_000 * 10**9
+    st = State()
+    recs = [r.Put(1, t0, 1, 1, "a", 5, 0, 60, b"ready"),
+            r.Put(2, t0, 1, 2, "a", 5, 30, 60, b"delayed"),
+            r.Put(3, t0, 1, 3, "a", 5, 0, 60, b"to bury"),
+            r.Put(4, t0, 1, 4, "a", 5, 0, 60, b"to reserve"),
+            r.Watch(5, t0, 2, "a"), r.Reserve(6, t0, 2, 3), r.Bury(7, t0, 2, 3, 9),
+            r.Reserve(8, t0, 2, 4), r.PauseTube(9, t0, 1, "a", 10),
+            r.PutUnique(10, t0, 1, "b", "k", 60, 100, [(11, "b")], 5, 0, 60, 0, [], b"keyed")]
+    for rec in recs:
+        st.apply(rec)
+    assert {j.state for j in st.jobs.values()} == {model.READY, model.DELAYED, model.BURIED,
+                                                    model.RESERVED}
+    for job in st.jobs.values():
+        seen: set[int] = set()
+        todo = [job.tube, job.body, job.counts]
+        while todo:
+            x = todo.pop()
+            if id(x) in seen:
+                continue
+            seen.add(id(x))
+            assert not isinstance(x, model.Job), f"job {job.id} reaches job {x.id}"
+            todo.extend(gc.get_referents(x))
+        assert gc.is_tracked(job) is (BUILD != "compiled")
