@@ -33,14 +33,15 @@ ROOT = Path(__file__).resolve().parent.parent
 # commit, roles, the loop itself, dispatch, the connection, the poller and the
 # timers' pass): classes whose fields only compiled code reads, as a compiled
 # field read from interpreted code costs more than a slot. As they are: the
-# rest of a restart's reading.
+# rest of a restart's reading, and the storage layer's histograms (a commit
+# observes one each turn: interpreted, a frame).
 COMPILED = ["smallstalk/core/model.py", "smallstalk/core/commands.py",
             "smallstalk/core/queries.py",
             "smallstalk/core/moves.py", "smallstalk/core/state.py",
             "smallstalk/storage/snapshot_codec.py", "smallstalk/core/parser.py",
             "smallstalk/core/memcache.py", "smallstalk/storage/encoder.py",
             "smallstalk/storage/aof.py", "smallstalk/storage/journal.py",
-            "smallstalk/storage/logread.py",
+            "smallstalk/storage/logread.py", "smallstalk/storage/observe.py",
             "smallstalk/storage/recovery.py", "smallstalk/storage/snapshot.py",
             "smallstalk/server/session.py", "smallstalk/server/commit.py",
             "smallstalk/server/roles.py", "smallstalk/server/loop.py",
