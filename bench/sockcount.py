@@ -24,10 +24,16 @@ the loading cancels out too; the shorter run ends with 2 x `--ops` more jobs
 left, whose freeing at exit is not cancelled (a few hundred instructions a
 job: well under 1% of an op).
 
-Under valgrind the server is the slow side by far, so at 10 connections each
-wake-up finds every connection's next put: the saturated shape, for both
-servers alike. Neighbours on the machine change how long this takes, not
-the counts. Minutes per point: run it on a quiet moment or with few points.
+Each wake-up's own cost (trio's scheduling, the poller's pass, a turn) is
+shared by the commands it finds, and how many it finds depends on how fast
+the load generator answers, so on what else the machine runs: the last
+column, commands per epoll poll (`calls` of `select_epoll_poll`: trio's
+wait and the poller's pass each make one), says how alike two rows'
+batching was. A ratio between rows whose batching differs says as much
+about the machine as about the servers (at 100 connections the floor's
+put read 14,100 instructions with another callgrind run beside it and
+18,300 alone). Minutes per point: run it on a quiet moment or with few
+points.
 """
 
 from __future__ import annotations
@@ -126,10 +132,37 @@ def _first_call_only(f):
     return once
 
 
+def calls(out: Path, name: str) -> int:
+    """How many times the run of callgrind file `out` called C function `name`
+    (callgrind's `calls=` lines under each `cfn=` naming it)."""
+    ids: set[str] = set()
+    total = 0
+    counting = False
+    with open(out) as f:
+        for line in f:
+            if line.startswith(("fn=", "cfn=")):
+                head, _, rest = line.rstrip("\n").partition(" ")
+                fid = head.split("=", 1)[1]
+                if rest == name:
+                    ids.add(fid)
+                counting = line.startswith("cfn=") and fid in ids
+            elif counting and line.startswith("calls="):
+                total += int(line[6:].split()[0])
+                counting = False
+    return total
+
+
 def instructions(kind: str, source: str | None, conns: int, ops: int, tmp: Path,
                  workload: str = "put", preload: int = 0, mode: str = "memory") -> int:
     """The server's total instructions for one run of `ops` ops of `workload`
     at `conns` (after `preload` pipelined puts, for `rd`)."""
+    return counts(kind, source, conns, ops, tmp, workload, preload, mode)[0]
+
+
+def counts(kind: str, source: str | None, conns: int, ops: int, tmp: Path,
+           workload: str = "put", preload: int = 0, mode: str = "memory") -> tuple[int, int]:
+    """`instructions`, and the run's epoll polls (trio's wait for events and
+    the poller's pass each make one): how many wake-ups the run took."""
     port = _free_port()
     out = tmp / f"callgrind.{kind}.{workload}.{conns}.{ops}.out"
     env = dict(os.environ, PYTHONHASHSEED="0")
@@ -166,7 +199,7 @@ def instructions(kind: str, source: str | None, conns: int, ops: int, tmp: Path,
             proc.wait(timeout=60)
     for line in out.read_text().splitlines():
         if line.startswith(("summary:", "totals:")):
-            return int(line.split()[1])
+            return int(line.split()[1]), calls(out, "select_epoll_poll")
     raise SystemExit(f"no totals in {out}")
 
 
@@ -193,21 +226,23 @@ def main(argv: list[str] | None = None) -> int:
             for kind, src in servers:
                 for wl in ["put"] if kind == "floor" else a.workloads.split(","):
                     preload = 3 * a.ops + 100 * conns if wl == "rd" else 0
-                    lo = instructions(kind, src, conns, a.ops, tmp, wl, preload, a.mode)
-                    hi = instructions(kind, src, conns, 3 * a.ops, tmp, wl, preload, a.mode)
+                    lo, lo_polls = counts(kind, src, conns, a.ops, tmp, wl, preload, a.mode)
+                    hi, hi_polls = counts(kind, src, conns, 3 * a.ops, tmp, wl, preload, a.mode)
                     per_op = (hi - lo) / (2 * a.ops)
                     per_cmd = per_op / loadgen.COMMANDS_PER_OP[wl]
                     floor = per_cmd if kind == "floor" else floor
                     name = kind if src is None else f"{kind} {src}"
+                    cmds = 2 * a.ops * loadgen.COMMANDS_PER_OP[wl]
+                    per_poll = cmds / (hi_polls - lo_polls) if hi_polls > lo_polls else float("inf")
                     rows.append(f"| {conns} | {name} | {wl} | {per_op:,.0f} | {per_cmd:,.0f} | "
-                                f"{per_cmd / floor:.2f}× |")
+                                f"{per_cmd / floor:.2f}× | {per_poll:,.1f} |")
                     print(rows[-1], file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"### User-space instructions per command over loopback, mode {a.mode}, under "
           f"callgrind ({a.ops} and {3 * a.ops} ops)\n\n| connections | server | workload | "
-          "instructions/op | per command | / floor's per put |\n|---:|---|---|---:|---:|---:|\n"
-          + "\n".join(rows))
+          "instructions/op | per command | / floor's per put | commands per poll |\n"
+          "|---:|---|---|---:|---:|---:|---:|\n" + "\n".join(rows))
     return 0
 
 
