@@ -152,17 +152,12 @@ def calls(out: Path, name: str) -> int:
     return total
 
 
-def instructions(kind: str, source: str | None, conns: int, ops: int, tmp: Path,
-                 workload: str = "put", preload: int = 0, mode: str = "memory") -> int:
-    """The server's total instructions for one run of `ops` ops of `workload`
-    at `conns` (after `preload` pipelined puts, for `rd`)."""
-    return counts(kind, source, conns, ops, tmp, workload, preload, mode)[0]
-
-
 def counts(kind: str, source: str | None, conns: int, ops: int, tmp: Path,
            workload: str = "put", preload: int = 0, mode: str = "memory") -> tuple[int, int]:
-    """`instructions`, and the run's epoll polls (trio's wait for events and
-    the poller's pass each make one): how many wake-ups the run took."""
+    """The server's total instructions for one run of `ops` ops of `workload`
+    at `conns` (after `preload` pipelined puts, for `rd`), and the run's epoll
+    polls (trio's wait for events and the poller's pass each make one): how
+    many wake-ups it took."""
     port = _free_port()
     out = tmp / f"callgrind.{kind}.{workload}.{conns}.{ops}.out"
     env = dict(os.environ, PYTHONHASHSEED="0")

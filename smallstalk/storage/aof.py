@@ -37,17 +37,18 @@ import attrs
 from smallstalk.core import records
 
 # The names are datadir's; re-exported here for the many readers that list segments.
-try:  # the compiled build's frame header (framehead.pyx)
-    from smallstalk.storage import framehead
-    FAST_HEAD = True
-except ImportError:  # the pure build: struct and zlib
-    FAST_HEAD = False
 from smallstalk.storage.datadir import (  # noqa: F401
     list_segments,
     list_snapshots,
     segment_name,
     snapshot_name,
 )
+
+try:  # the compiled build's frame header (framehead.pyx)
+    from smallstalk.storage import framehead
+    FAST_HEAD = True
+except ImportError:  # the pure build: struct and zlib
+    FAST_HEAD = False
 
 SEGMENT_MAGIC = b"SSTKAOF\x00"
 SNAPSHOT_MAGIC = b"SSTKSNP\x00"
