@@ -107,7 +107,8 @@ def test_other_clients_round_trip_during_searches(server, capsys) -> None:
     """Fill a tube with pipelined puts, measure another client's round trip
     alone, then while searches, bulk counts and bulk moves (10,000 jobs there
     and back, 128 Move records a slice) over the whole tube run back to back:
-    they may add at most 10 ms to its p99."""
+    they may add at most 10 ms to its p99, or a quarter of a search's time
+    where a loaded machine makes searches slower than 40 ms."""
     with Raw(server.port, timeout=60) as filler:
         filler.call(b"use s-load\r\n")
         chunk = 2000
@@ -178,4 +179,9 @@ def test_other_clients_round_trip_during_searches(server, capsys) -> None:
               f"round trip p99 {p99_before * 1e3:.2f} ms alone, {p99_during * 1e3:.2f} ms "
               f"during ({len(during)} samples)")
     assert searches and len(during) >= 200
-    assert p99_during - p99_before < 0.010
+    # Unsliced, a probe that lands in a search waits for the rest of it, and
+    # p99 nears a whole search; sliced, it waits a slice. A quarter of the mean
+    # search tells the two apart and scales with a loaded machine's slowness
+    # (10 ms alone failed at 14 ms once under the rest of the suite's load).
+    mean_search = sum(searches) / len(searches)
+    assert p99_during - p99_before < max(0.010, mean_search / 4), (p99_during, mean_search)

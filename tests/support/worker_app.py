@@ -93,10 +93,12 @@ def long_sync(tag: str, seconds: float) -> None:
     report("done", tag)
 
 
-@app.task(tube="default", ttr=2, retries=0)
+@app.task(tube="default", ttr=4, retries=0)
 async def too_slow(tag: str) -> None:
     await areport("started", tag)
     # The worker freezes itself: a test that sent SIGSTOP after seeing "started"
     # raced the task's own time limit (TTR less a second) on a loaded machine.
+    # A TTR of 4 leaves 3 s for the report (its client's first connect) too:
+    # past the limit the task fails, and with retries=0 the job is buried.
     os.kill(os.getpid(), signal.SIGSTOP)
     await trio.sleep_forever()
