@@ -4,7 +4,7 @@
     .venv/bin/python bench/sockcount.py --conns 1,10 --ops 1000
     .venv/bin/python bench/sockcount.py --workloads put,rd,cycle --source /tmp/base --source /tmp/new
 
-Each server (bench/floor.py, and smallstalk in memory mode, or `--mode never`, from this checkout
+Each server (bench/floor.py, and smallstalk in memory mode, or `--mode never` or `always`, from this checkout
 or from each `--source DIR`'s `smallstalk/`) runs whole under
 `valgrind --tool=callgrind` on loopback, and bench/loadgen.py (one process,
 outside valgrind) sends it `--ops` puts, request/response, at each
@@ -166,8 +166,8 @@ def counts(kind: str, source: str | None, conns: int, ops: int, tmp: Path,
         cmd = [sys.executable, str(HERE / "floor.py"), "-l", "127.0.0.1", "-p", str(port)]
     else:
         cmd = [sys.executable, "-m", "smallstalk", "serve", "-l", "127.0.0.1", "-p", str(port)]
-        if mode == "never":  # a fresh data directory each run
-            cmd += ["--data-dir", tempfile.mkdtemp(prefix="data-", dir=tmp), "--fsync", "never"]
+        if mode != "memory":  # a fresh data directory each run
+            cmd += ["--data-dir", tempfile.mkdtemp(prefix="data-", dir=tmp), "--fsync", mode]
         if source is not None:
             cwd = str(Path(source).resolve())  # first on sys.path for -m
     proc = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--conns", default="1,10")
     ap.add_argument("--ops", type=int, default=1000, help="ops of the shorter run (x3 the other)")
-    ap.add_argument("--mode", choices=("memory", "never"), default="memory",
+    ap.add_argument("--mode", choices=("memory", "never", "always"), default="memory",
                     help="smallstalk's durability mode (bench/run.py's; the floor has none)")
     ap.add_argument("--workloads", default="put",
                     help="smallstalk's workloads, of put, rd, cycle, put-unique (the floor "

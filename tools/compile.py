@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # rest of a restart's reading, and the storage layer's histograms (a commit
 # observes one each turn: interpreted, a frame).
 COMPILED = ["smallstalk/core/model.py", "smallstalk/core/commands.py",
+            "smallstalk/core/keys.py",
             "smallstalk/core/queries.py",
             "smallstalk/core/moves.py", "smallstalk/core/state.py",
             "smallstalk/storage/snapshot_codec.py", "smallstalk/core/parser.py",

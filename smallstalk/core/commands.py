@@ -14,11 +14,11 @@ from smallstalk.core.frozen import command
 
 class _Everyday:
     """The base of the commands a worker or producer sends all day (`Put`,
-    `Reserve`, `Delete`, `Release`, `Bury`, `Touch`): plain slotted classes,
+    `PutUnique`, `Reserve`, `Delete`, `Release`, `Bury`, `Touch`): plain slotted classes,
     compared, hashed and shown by their `FIELDS` as the `@command` ones are.
 
     Not attrs classes, because the compiled build (commands.pxd) makes these
-    six extension types, which attrs cannot build: a line parsed then makes
+    seven extension types, which attrs cannot build: a line parsed then makes
     its command without running Python code, and dispatch reads its fields
     from the object itself (docs/PERFORMANCE.md, The commands).
     """
@@ -60,16 +60,19 @@ class Put(_Everyday):
         self.max_age = max_age
 
 
-@command
-class PutUnique:
+class PutUnique(_Everyday):
     """smallstalk's `put-unique <key> <pri> <delay> <ttr> <bytes>`: a put with an
-    idempotency key (1 to KEY_MAX bytes of tube-name characters)."""
+    idempotency key (1 to KEY_MAX bytes of tube-name characters). Everyday: a
+    producer that retries sends one for every job."""
 
-    key: str
-    pri: int
-    delay: int
-    ttr: int  # seconds, at least 1
-    body: bytes
+    __slots__ = FIELDS = ("key", "pri", "delay", "ttr", "body")
+
+    def __init__(self, key: str, pri: int, delay: int, ttr: int, body: bytes) -> None:
+        self.key = key
+        self.pri = pri
+        self.delay = delay
+        self.ttr = ttr  # seconds, at least 1
+        self.body = body
 
 
 KEY_MAX = 200  # bytes of an idempotency key

@@ -33,7 +33,7 @@ class TubeKeys:
         self.keys_max = 0  # retained keys kept at most (the last keyed put's)
         self.dropped_n = 0  # retained keys dropped before their window ended (the bound)
 
-    def holder(self, key: str, now: int) -> int | None:
+    def holder(self, key: str, now) -> int | None:
         """The id of the job `key` made, if a put with it at `now` is a
         duplicate: its job exists, or went less than the window ago."""
         jid = self.live.get(key)
@@ -44,7 +44,7 @@ class TubeKeys:
             return held[0]
         return None
 
-    def prune(self, now: int) -> None:
+    def prune(self, now) -> None:
         """Forget retained keys whose window ended, then the oldest past the bound."""
         gone = self.gone
         while gone:
@@ -72,9 +72,9 @@ class KeyIndex:
         # answered only once a replica has that record (dispatch.put_unique).
         self.put_seqs: dict[int, int] = {}
 
-    def find(self, tube: str, key: str, now: int) -> int | None:
+    def find(self, tube: str, key: str, now) -> int | None:
         """The id of the job `key` made in `tube`, if a put with it now changes nothing."""
-        k = self.tubes.get(tube)
+        k: TubeKeys = self.tubes.get(tube)  # (typed: compiled, `holder` is a C call)
         return None if k is None else k.holder(key, now)
 
     def key_of(self, jid: int) -> tuple[str, str] | None:
@@ -85,14 +85,14 @@ class KeyIndex:
         """The seq of the put that made keyed job `jid` (0: loaded from a snapshot)."""
         return self.put_seqs.get(jid, 0)
 
-    def add(self, tube: str, key: str, jid: int, window: int, keys_max: int, now: int,
-            seq: int = 0) -> None:
+    def add(self, tube: str, key: str, jid, window, keys_max, now, seq=0) -> None:
         """A keyed put made job `jid` at `now`. Raises StateError, changing
         nothing, if the job has a key already or the key is taken (`find`
-        would have found it: the put was a duplicate)."""
+        would have found it: the put was a duplicate). `jid`, `window` (ns),
+        `keys_max`, `now` and `seq` are ints (unannotated: see keys.pxd)."""
         if jid in self.of_job:
             raise StateError(f"job {jid} already has a key")
-        k = self.tubes.get(tube)
+        k: TubeKeys = self.tubes.get(tube)
         if k is None:
             k = self.tubes[tube] = TubeKeys()
         else:
@@ -110,14 +110,14 @@ class KeyIndex:
         if k.gone:  # k.prune(now), when there is anything to prune
             k.prune(now)
 
-    def release(self, jid: int, now: int) -> None:
+    def release(self, jid, now) -> None:
         """Job `jid` is gone at `now`: its key, if any, is retained for the window."""
         held = self.of_job.pop(jid, None)
         if held is None:
             return
         self.put_seqs.pop(jid, None)
         tube, key = held
-        k = self.tubes[tube]
+        k: TubeKeys = self.tubes[tube]
         del k.live[key]
         if k.window > 0:
             k.gone[key] = (jid, now + k.window)

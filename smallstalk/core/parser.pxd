@@ -2,15 +2,15 @@
 # read by no one else, so compiling it costs nothing at its boundary. The
 # everyday commands it makes are extension types (commands.pxd).
 cimport cython
-from smallstalk.core.commands cimport Bury, Delete, Put, Release, Reserve, Touch
+from smallstalk.core.commands cimport Bury, Delete, Put, PutUnique, Release, Reserve, Touch
 
 cdef class Parser:
     cdef public object _buf, _mode, _put, _skip, max_job_size, _last, _skip_reply
     cdef public object _last_unique
-    # The put a fast path makes, typed (parser.py's annotations are not: see
+    # The put (and keyed put) a fast path makes, typed (parser.py's annotations are not: see
     # its first line), so its fields are stored in the object; a read as
     # bytes, so its bytes and slices are read in place.
-    @cython.locals(put=Put)
+    @cython.locals(put=Put, keyed=PutUnique)
     cpdef take(self, bytes data)
     @cython.locals(same=Put)
     cpdef events(self)

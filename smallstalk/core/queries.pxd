@@ -1,5 +1,6 @@
 # The compiled build's declarations (see model.pxd): the state's fields, set
 # by moves.py's Moves.__init__, live on this root of the State chain.
+from smallstalk.core.keys cimport KeyIndex
 from smallstalk.core.model cimport Conn, Job, Limit, Tube
 
 cdef class Queries:
@@ -7,7 +8,8 @@ cdef class Queries:
     cdef public object tube_order, next_job_id, next_conn_id
     cdef public object last_seq, time
     cdef public object wait_heap, waiters_holding, paused, waited, epochs
-    cdef public object delay_heap, ttr_heap, expiry_heap, expires, keys
+    cdef public object delay_heap, ttr_heap, expiry_heap, expires
+    cdef public KeyIndex keys
     cdef public object holds, limits, schedules
     # Counts as C integers (see model.pxd's Tube).
     cdef public long long total_jobs, job_timeouts, body_bytes, spilled_bytes

@@ -298,9 +298,8 @@ class State(Moves):
         for jid, tube in rec.jobs:
             self._new_job(jid, tube, rec, rec.body, rec.expires)
 
-    def apply_put_unique(self, seq: int, time: int, conn: int, tube: str, key: str,
-                         unique_for: int, keys_max: int, id: int, pri: int, delay: int,
-                         ttr: int, body: bytes) -> None:
+    def apply_put_unique(self, seq, time, conn, tube: str, key: str, unique_for, keys_max, id,
+                         pri, delay, ttr, body: bytes | int) -> None:
         """`apply(PutUnique(...))` of the everyday keyed put (one job in `tube`,
         nothing dropped, no expiry), with the same effect, without the record.
         The key first: `add` refuses a taken key before anything changes."""

@@ -1,12 +1,13 @@
 # The compiled build's declarations (see core/model.pxd): the everyday
 # commands' handlers take the loop (its fields declared on roles.pxd's Roles),
 # the session and the command typed.
-from smallstalk.core.commands cimport Delete, Put, Reserve
+from smallstalk.core.commands cimport Delete, Put, PutUnique, Reserve
 from smallstalk.core.model cimport Conn, Job
 from smallstalk.core.state cimport State
 from smallstalk.server.roles cimport Roles
 from smallstalk.server.session cimport Session
 
 cpdef put(Roles lp, Session s, Put cmd)
+cpdef put_unique(Roles lp, Session s, PutUnique cmd)
 cpdef reserve(Roles lp, Session s, Reserve cmd)
 cpdef delete(Roles lp, Session s, Delete cmd)

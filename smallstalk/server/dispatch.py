@@ -171,10 +171,11 @@ def put_unique(lp: Loop, s: Session, cmd: p.PutUnique):
         lp.burn_job_id()
         return p.DRAINING
     st = lp.state
-    c = st.conns.get(s.id)
+    c: Conn = st.conns.get(s.id)
     tube = c.use if c is not None else DEFAULT_TUBE
     pols = lp.policies
-    pol = pols.tubes.get(tube, pols.default)
+    named: dict = pols.tubes
+    pol = named.get(tube, pols.default)
     children = st.fanout.get(tube)
     if pol.unlimited and not children and st.keys.find(tube, cmd.key, lp.now) is None:
         # The common case, without _put_with_policy's decisions: one job, no drops.

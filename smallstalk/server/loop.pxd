@@ -1,6 +1,6 @@
 # The compiled build's declarations (see core/model.pxd): the fields are on
 # roles.pxd's Roles, the root.
-from smallstalk.core.commands cimport Delete, Put, Reserve
+from smallstalk.core.commands cimport Delete, Put, PutUnique, Reserve
 from smallstalk.core.state cimport State
 from smallstalk.server cimport dispatch
 from smallstalk.server.roles cimport Roles

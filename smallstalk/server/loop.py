@@ -36,7 +36,7 @@ import trio
 
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
-from smallstalk.core.commands import Delete, Put, Reserve
+from smallstalk.core.commands import Delete, Put, PutUnique, Reserve
 from smallstalk.core.state import State
 from smallstalk.server import dispatch, holdback, timers
 from smallstalk.server.admin import AdminPolicy
@@ -585,7 +585,7 @@ class MutationLoop(Roles):
                 if self.read_only and type(cmd) in dispatch.MUTATING:
                     raise ReadOnly(self.read_only)
                 kind = type(cmd)
-                # The everyday three called by name: compiled, a C call
+                # The everyday four called by name: compiled, a C call
                 # instead of a call through the table.
                 if kind is Put:
                     reply = dispatch.put(self, s, cmd)
@@ -593,6 +593,8 @@ class MutationLoop(Roles):
                     reply = dispatch.delete(self, s, cmd)
                 elif kind is Reserve:
                     reply = dispatch.reserve(self, s, cmd)
+                elif kind is PutUnique:
+                    reply = dispatch.put_unique(self, s, cmd)
                 else:
                     reply = handlers[kind](self, s, cmd)
             except Unavailable:

@@ -253,7 +253,8 @@ _put_lines = st.builds(
 _put_unique_reads = st.builds(
     lambda key, pri, ttr, size, body_size, end: (
         b"put-unique %s %d 0 %d %d\r\n" % (key, pri, ttr, size) + b"b" * body_size + end),
-    st.sampled_from([b"k1", b"k2", b"a-b", b"x" * 200, b"x" * 201, b"bad key", b"-", b"k\r"]),
+    st.sampled_from([b"k1", b"k2", b"a-b", b"x" * 200, b"x" * 201, b"bad key", b"-", b"k\r",
+                     b"k#1", b"(k)"]),
     st.sampled_from([0, 1024, 2**32 - 1, 2**32]), st.sampled_from([0, 1, 60]),
     st.sampled_from([0, 3, 70]), st.sampled_from([0, 3, 4, 70]),
     st.sampled_from([b"\r\n", b"\r\n", b"xy", b"\n", b""]))
