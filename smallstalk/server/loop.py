@@ -214,7 +214,7 @@ class MutationLoop(Roles):
 
     def has_leftover(self) -> bool:
         """Some session used up its slice with commands left (the next turn runs them)."""
-        return bool(self.runnable or self.searches)
+        return bool(self.runnable or self.searches.running)
 
     @property
     def min_replica_acks(self) -> int:
@@ -424,7 +424,10 @@ class MutationLoop(Roles):
                 # its end wakes this task.
                 await self._wait_for_input(None)
                 continue
-            wait = 0 if self.runnable or self.searches else timers.seconds_to_next_deadline(self)
+            # (`searches.running`, not the Searches' truth: that is a Python call
+            # each turn, as search.py is not compiled.)
+            wait = 0 if self.runnable or self.searches.running \
+                else timers.seconds_to_next_deadline(self)
             if not inbox and wait != 0:
                 await self._wait_for_input(wait)
             else:
@@ -477,7 +480,7 @@ class MutationLoop(Roles):
             await self.turn(batch)
         finally:
             self._turning = False
-            if inbox or self.runnable or self.searches or self._waits_turn:
+            if inbox or self.runnable or self.searches.running or self._waits_turn:
                 self._wake()  # what came while the turn awaited, a slice left over
 
     async def _wait_for_input(self, wait: float | None) -> None:
@@ -545,7 +548,7 @@ class MutationLoop(Roles):
         for s in runnable.values():
             if s.id in sessions:
                 self._run(s)
-        if self.searches:
+        if self.searches.running:
             self.searches.run(self)
         timers.run(self)
         # Grants made possible by this turn's commands (a put for a waiter).
