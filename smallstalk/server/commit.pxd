@@ -14,6 +14,10 @@ cdef class GroupCommit:
     cdef public object put_ids, put_seqs, kick_seq, revealed
     cdef public LiveEncoder _encoder
     cdef public object turn_seq0, turn_puts, holds
+    # Each turn's start and its replies' collection, from the loop and the
+    # commit's own end of a turn: C calls.
+    cpdef begin_turn(self)
+    cpdef list _collect(self, send=*)
     # The everyday records, staged from the loop: C calls.
     cpdef stage_put(self, bytes payload, seq, job_id)
     cpdef stage_job(self, type kind, conn, job_id, now)

@@ -432,9 +432,10 @@ class GroupCommit:
 
     # --- replies ----------------------------------------------------------------------
 
-    def _collect(self, send: bool = False) -> list[Delivery]:
+    def _collect(self, send=False) -> list[Delivery]:
         """Take every touched session's replies of this turn, one delivery each
-        (`send`: send each at once instead, and return none)."""
+        (`send`, a bool: send each at once instead, and return none; left
+        unannotated for commit.pxd's C signature)."""
         s: Session  # (compiled: its fields read directly)
         touched, self.touched = self.touched, {}
         sessions = self.owner.sessions
@@ -446,7 +447,7 @@ class GroupCommit:
         if self.granted:
             first = {s.id: s for s in self.granted if s.id in touched}
             self.granted = []
-            order = [*first.values(), *(s for s in order if s.id not in first)]
+            order = [*first.values(), *[s for s in order if s.id not in first]]
         for s in order:
             if s.id not in sessions or s.feed is not None:
                 continue

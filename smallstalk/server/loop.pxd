@@ -2,7 +2,7 @@
 # roles.pxd's Roles, the root.
 from smallstalk.core.commands cimport Delete, Put, PutUnique, Reserve
 from smallstalk.core.state cimport State
-from smallstalk.server cimport dispatch
+from smallstalk.server cimport dispatch, timers
 from smallstalk.server.roles cimport Roles
 from smallstalk.server.session cimport Session
 

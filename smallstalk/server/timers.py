@@ -115,7 +115,7 @@ def expiry_moves(st: State, policies: Policies, due: list[int],
     return moves
 
 
-def heap_tops(st) -> tuple:
+def heap_tops(st: State) -> tuple:
     """The first entries of the state's timer heaps (an empty heap itself), for
     `maybe_earlier`."""
     h1, h2, h3 = st.delay_heap, st.ttr_heap, st.expiry_heap
