@@ -17,6 +17,8 @@ cdef class GroupCommit:
     # Each turn's start and its replies' collection, from the loop and the
     # commit's own end of a turn: C calls.
     cpdef begin_turn(self)
+    cpdef bint finish_turn_now(self, list calls)
+    cpdef _end_turn(self, list calls, committed)
     cpdef list _collect(self, send=*)
     # The everyday records, staged from the loop: C calls.
     cpdef stage_put(self, bytes payload, seq, job_id)

@@ -1,7 +1,8 @@
 """Group commit: a turn's records on their way to disk, and the replies that wait for them.
 
 The mutation loop (loop.py) stages every record of a turn here, then calls
-`finish_turn` once: one write, at most one fsync, then the replies. Under
+`finish_turn_now` once (and awaits `finish_turn` where that says the commit
+may wait): one write, at most one fsync, then the replies. Under
 `--fsync always` a turn's replies may wait past the turn: the turn writes its
 records, and a turn that answers one connection fsyncs them in this thread; a
 busier one hands the fsync to the fsync thread (syncer.py) and the loop goes
@@ -18,7 +19,7 @@ exactly what was acknowledged). See docs/ARCHITECTURE.md.
 
 The commit is a room below the loop: the loop changes it only through the
 named methods here (`begin_turn`, `begin_command`, `stage`, `stage_put`,
-`touch`, `granted_first`, `forget`, `finish_turn`, ...), and it sees the loop
+`touch`, `granted_first`, `forget`, `finish_turn_now`, ...), and it sees the loop
 only through `Owner`, so neither writes the other's fields.
 """
 
@@ -149,7 +150,7 @@ class GroupCommit:
         self.holds = bool(self.min_replica_acks) or self.owner.lease_until != math.inf
 
     def touch(self, s: Session) -> None:
-        """`s` may have replies this turn: `finish_turn` collects them."""
+        """`s` may have replies this turn: the turn's end collects them."""
         self.touched[s.id] = s
 
     def granted_first(self, s: Session) -> None:
@@ -274,26 +275,45 @@ class GroupCommit:
 
     # --- the end of a turn ----------------------------------------------------------
 
-    async def finish_turn(self, calls: list[tuple[list, trio.Event]]) -> None:
-        """Commit the turn's records, then send its replies (and end its calls)."""
+    def finish_turn_now(self, calls: list) -> bool:
+        """`finish_turn` where it has nothing to wait for (no records staged,
+        no journal, or --fsync always's two steps): done, True. False, having
+        done nothing, where the journal's commit may wait (a rotation): the
+        loop then awaits `finish_turn`. (The loop's turn asks this first: an
+        await costs a coroutine per turn, in memory mode on every one.)
+        `calls` as `finish_turn`'s, `list` for commit.pxd's C signature."""
         j = self.journal
-        if j is not None and j.syncer is not None:
-            self._commit_in_two_steps(calls)
-            return
+        if j is not None:
+            if j.syncer is not None:
+                self._commit_in_two_steps(calls)
+                return True
+            if j.has_pending():
+                return False
+        self._end_turn(calls, False)
+        return True
+
+    async def finish_turn(self, calls: list[tuple[list, trio.Event]]) -> None:
+        """The turn's end that `finish_turn_now` declined (records staged, no
+        fsync thread): commit them, which may wait, then send the replies (and
+        end the calls)."""
         committed = False
-        if j is not None and j.has_pending():
-            try:
-                await j.commit()
-            except JournalError as e:
-                self._failed(e)
-                for box, _done in calls:
-                    box[:] = [e]  # what the call staged is not on disk
-            else:
-                committed = True
-                if self.failed_until:
-                    self.failed_until = 0.0
-                if self.turn_puts:
-                    self.owner.spill(self.turn_puts)
+        try:
+            await self.journal.commit()
+        except JournalError as e:
+            self._failed(e)
+            for box, _done in calls:
+                box[:] = [e]  # what the call staged is not on disk
+        else:
+            committed = True
+            if self.failed_until:
+                self.failed_until = 0.0
+            if self.turn_puts:
+                self.owner.spill(self.turn_puts)
+        self._end_turn(calls, committed)
+
+    def _end_turn(self, calls: list, committed) -> None:
+        """After the commit (`committed`: it wrote records): feed the replicas,
+        end the calls, send or hold the replies."""
         self.turn_puts = []
         payloads = self.turn_payloads
         if payloads:

@@ -557,7 +557,8 @@ class MutationLoop(Roles):
                 self.grant_waiters()
             except Unavailable:
                 pass
-        await c.finish_turn(calls)
+        if not c.finish_turn_now(calls):
+            await c.finish_turn(calls)
 
     def _run(self, s: Session) -> None:
         """Run a session's pending commands in order until one blocks, its
