@@ -424,8 +424,8 @@ class MutationLoop(Roles):
                 # its end wakes this task.
                 await self._wait_for_input(None)
                 continue
-            # (`searches.running`, not the Searches' truth: that is a Python call
-            # each turn, as search.py is not compiled.)
+            # (`searches.running`, a dict: its truth is a C check, where any
+            # method of the interpreted Searches would be a Python call a turn.)
             wait = 0 if self.runnable or self.searches.running \
                 else timers.seconds_to_next_deadline(self)
             if not inbox and wait != 0:
@@ -454,9 +454,7 @@ class MutationLoop(Roles):
             return  # the running turn's end wakes the loop task for this input
         if not self._inbox:
             return
-        st = self.state  # timers.heap_tops(st), inlined:
-        h1, h2, h3 = st.delay_heap, st.ttr_heap, st.expiry_heap
-        tops = (h1 and h1[0], h2 and h2[0], h3 and h3[0])
+        tops = timers.heap_tops(self.state)
         await self._turn_on_inbox()
         # The loop task sleeps until the next timer as it was before this
         # turn: if this turn made an earlier one (a delay, a TTR, a lazy

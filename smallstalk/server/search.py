@@ -79,9 +79,6 @@ class Searches:
         self.slices = 0  # slices run, ever (for the tests and ext-stats)
         self.last: tuple[int, int, int] = (0, 0, 0)  # the last slice's probed, examined, bytes
 
-    def __bool__(self) -> bool:
-        return bool(self.running)
-
     def start(self, lp: Loop, s: Session, cmd: p.SearchJobs | p.BulkJobs) -> bytes | None:
         """A refusal, or None: the search is set up and its session waits
         (`run` takes its slices, the first in this same turn)."""
