@@ -13,6 +13,12 @@ pass. No state, no records, no loop turn: what remains is trio, the kernel and
 the least parsing a put needs. It also answers `stats` (how bench/run.py sees
 that a server is up) and `UNKNOWN_COMMAND` to anything else.
 
+With `--log FILE` it is the writing floor, what `--fsync never` is measured
+against beside it: before a wake-up's replies it appends a record for each put
+(a frame as storage/aof.py writes one: length and CRC-32, then the put's seq,
+the wake-up's time and its body) with one `os.write` for the wake-up, and never
+fsyncs. No rotation, no preallocation, no compaction: the least a log costs.
+
 Run it only where bench/run.py does: loopback, a port of its own, stopped
 by its PID.
 """
@@ -22,12 +28,17 @@ from __future__ import annotations
 import argparse
 import os
 import select
+import struct
 import sys
+import time
+import zlib
 
 import trio
 
 RECV_SIZE = 65536  # as server/connection.py reads
 STATS = b"---\npid: %d\nfloor: true\n" % os.getpid()
+FRAME = struct.Struct("<II")  # payload length, CRC-32 of the payload
+RECORD = struct.Struct("<QQ")  # seq, time (ns): the payload's head, the body after it
 
 
 class Conn:
@@ -44,10 +55,13 @@ class Conn:
 class Floor:
     """Every connection in one epoll set; one pass per wake-up (see above)."""
 
-    def __init__(self) -> None:
+    def __init__(self, log_fd: int | None = None) -> None:
         self.ep = select.epoll()
         self.conns: dict[int, Conn] = {}
         self.next_id = 1
+        self.log_fd = log_fd
+        self.records: list[bytes] = []  # this wake-up's frames, written before its replies
+        self.now = 0
 
     def add(self, sock) -> None:
         c = Conn(sock)
@@ -77,6 +91,10 @@ class Floor:
                 end = eol + 2 + int(line.rsplit(b" ", 1)[1]) + 2
                 if end > n:
                     break
+                if self.log_fd is not None:
+                    payload = RECORD.pack(self.next_id, self.now) + buf[eol + 2:end - 2]
+                    self.records.append(FRAME.pack(len(payload), zlib.crc32(payload)))
+                    self.records.append(payload)
                 out.append(b"INSERTED %d\r\n" % self.next_id)
                 self.next_id += 1
                 pos = end
@@ -106,6 +124,8 @@ class Floor:
         ep, conns = self.ep, self.conns
         while True:
             await trio.lowlevel.wait_readable(ep.fileno())
+            if self.log_fd is not None:
+                self.now = time.time_ns()
             touched = []
             for fd, events in ep.poll(0):
                 c = conns.get(fd)
@@ -127,6 +147,9 @@ class Floor:
                 self.answer(c, data)
                 if c.out:
                     touched.append(c)
+            if self.records:
+                os.write(self.log_fd, b"".join(self.records))
+                self.records.clear()
             for c in touched:
                 if c.fd in conns:
                     was_waiting = bool(c.unsent)
@@ -135,8 +158,9 @@ class Floor:
                         ep.modify(c.fd, select.EPOLLIN)
 
 
-async def serve(host: str, port: int) -> None:
-    floor = Floor()
+async def serve(host: str, port: int, log: str | None = None) -> None:
+    log_fd = None if log is None else os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    floor = Floor(log_fd)
     listeners = await trio.open_tcp_listeners(port, host=host, backlog=1024)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(floor.run)
@@ -155,9 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-l", "--listen", default="127.0.0.1")
     ap.add_argument("-p", "--port", type=int, default=11400)
+    ap.add_argument("--log", metavar="FILE",
+                    help="append each put's record to FILE, one write a wake-up (never fsynced)")
     a = ap.parse_args(argv)
     try:
-        trio.run(serve, a.listen, a.port)
+        trio.run(serve, a.listen, a.port, a.log)
     except KeyboardInterrupt:
         pass
     return 0

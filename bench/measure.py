@@ -23,6 +23,7 @@ from render import disk_note, fmt_num, fmt_pct
 from servers import (
     CLK_TCK,
     FLOOR,
+    FLOOR_LOG,
     MODES,
     REPO,
     SERVERS,
@@ -97,6 +98,7 @@ class Bench:
         self.servers = [s for s in SERVERS if s in args.servers]
         self.with_floor = FLOOR in args.servers
         self.floors: dict[tuple[str, int], dict] = {}  # floor_key -> the floor's result
+        self.floor_logs: dict[tuple[str, int], dict] = {}  # the same, the writing floor's
         self.only = re.compile(args.only) if args.only else None
         self.log = sys.stderr
         self.rates: dict[tuple, float] = {}
@@ -262,10 +264,16 @@ class Bench:
             fkey = floor_key(wl, conns)
             if self.with_floor and fkey not in self.floors:
                 plan[FLOOR] = (fkey[0], 0.0)
+            # `--fsync never` writes a log the floor does not: the writing floor too
+            writes = self.with_floor and mode == "never"
+            if writes and fkey not in self.floor_logs:
+                plan[FLOOR_LOG] = (fkey[0], 0.0)
             res = self.alternate(mode, conns, plan,
                                  f"[{i}/{len(pts)}] {mode:6} {wl:8} {conns:3} conns ")
             if FLOOR in res:
                 self.floors[fkey] = res.pop(FLOOR)
+            if FLOOR_LOG in res:
+                self.floor_logs[fkey] = res.pop(FLOOR_LOG)
             row["servers"] = res
             for kind, r in res.items():
                 if "ops_per_sec" in r:
@@ -273,15 +281,20 @@ class Bench:
             row["ratio"] = ratios(row["servers"])
             if self.with_floor:
                 row["floor"] = "/".join(map(str, fkey))
-                row["vs_floor"] = vs_floor(
-                    res, {k: loadgen.COMMANDS_PER_OP[w] for k, (w, _) in plan.items()},
-                    self.floors.get(fkey))
+                cpo = {k: loadgen.COMMANDS_PER_OP[w] for k, (w, _) in plan.items()}
+                row["vs_floor"] = vs_floor(res, cpo, self.floors.get(fkey))
+                if writes:
+                    row["vs_floor_log"] = vs_floor(res, cpo, self.floor_logs.get(fkey))
             out.append(row)
         return out
 
     def floor_results(self) -> dict[str, dict]:
         """The floor's saturated points, by "workload/conns"."""
         return {f"{wl}/{c}": r for (wl, c), r in self.floors.items()}
+
+    def floor_log_results(self) -> dict[str, dict]:
+        """The writing floor's saturated points, by "workload/conns"."""
+        return {f"{wl}/{c}": r for (wl, c), r in self.floor_logs.items()}
 
     def run_open_loop(self) -> list[dict]:
         """CPU per command at equal offered load, below saturation: each server

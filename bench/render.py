@@ -154,6 +154,7 @@ def render(results: dict, markdown: bool) -> str:
         parts.append(f"{h}{title}" if markdown else f"-- {title}")
         parts.append(table(["workload/conns", "puts/s", "µs/put", "p50", "p99",
                             "client cpu %"], cells, markdown, {1, 2, 3, 4, 5}))
+    parts.extend(_writing_floor(results, h, markdown))
 
     opened = results.get("open_loop") or []
     if opened:
@@ -310,6 +311,29 @@ def render(results: dict, markdown: bool) -> str:
     parts.append(table(["target", "point", "smallstalk", "beanstalkd", "ratio", "goal", "met"],
                        cells, markdown, {2, 3, 4}))
     return "\n\n".join(parts) + "\n"
+
+
+def _writing_floor(results: dict, h: str, markdown: bool) -> list[str]:
+    """`--fsync never` rows over the writing floor (bench/floor.py --log) beside the floor."""
+    logs = results.get("floor_log") or {}
+    rows = [row for row in results["points"] if "vs_floor_log" in row]
+    if not logs or not rows:
+        return []
+    floors = results.get("floor") or {}
+    cells = []
+    for row in rows:
+        f, fl = floors.get(row["floor"], {}), logs.get(row["floor"], {})
+        vf, vl = row.get("vs_floor") or {}, row["vs_floor_log"]
+        cells.append([WORKLOAD_LABELS.get(row["workload"], row["workload"]), str(row["conns"]),
+                      _cell(f, "server_cpu_us_per_op", 2), _cell(fl, "server_cpu_us_per_op", 2),
+                      fmt_ratio(vf.get("smallstalk")), fmt_ratio(vl.get("smallstalk")),
+                      fmt_ratio(vf.get("beanstalkd")), fmt_ratio(vl.get("beanstalkd"))])
+    title = ("`--fsync never` over the writing floor (bench/floor.py --log: the floor "
+             "appending each put's record to a log with one write a wake-up, never fsynced)")
+    return [f"{h}{title}" if markdown else f"-- {title}",
+            table(["workload", "conns", "µs/put floor", "µs/put wfloor", "ss/floor",
+                   "ss/wfloor", "bs/floor", "bs/wfloor"], cells, markdown,
+                  set(range(2, 8)))]
 
 
 def _floor_cells(row: dict) -> list[str]:

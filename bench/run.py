@@ -13,8 +13,10 @@ machine. Server CPU per operation comes from the kernel's CPU clock of the
 process (utime+stime, all threads) over the measured interval; RSS from
 /proc/PID/status. Beside them runs the floor (bench/floor.py, smallstalk's I/O
 shape and no state): "ss/floor" is smallstalk's CPU per command over the
-floor's per put, the broker's own cost. An open-loop section compares CPU per
-command at equal offered load, below saturation.
+floor's per put, the broker's own cost; `--fsync never` rows are also divided
+by the writing floor's (the floor appending each put's record to a log,
+"ss/wfloor"). An open-loop section compares CPU per command at equal offered
+load, below saturation.
 
 The modules: servers.py (starting and reading servers), measure.py (the
 measurements), targets.py (the goals and the judging), render.py (tables).
@@ -142,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "points": points,
         "floor": bench.floor_results(),
+        "floor_log": bench.floor_log_results(),
         "open_loop": open_loop,
         "rss": rss,
         "startup": startup,

@@ -1,9 +1,10 @@
-"""The servers a benchmark starts, and what it reads of them: smallstalk, beanstalkd, the floor.
+"""The servers a benchmark starts, and what it reads of them: smallstalk, beanstalkd, the floors.
 
 A `Server` is one process started on 127.0.0.1 and a free port, stopped by
 its PID; CPU time and RSS come from the kernel (`proc_cpu_ns`, /proc). The
 floor (bench/floor.py) is a stateless server with smallstalk's I/O shape:
-what smallstalk's own work per command is measured against.
+what smallstalk's own work per command is measured against; the writing floor
+is the same server appending a record per put to a log it never fsyncs.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ REPO = HERE.parent
 
 SERVERS = ("smallstalk", "beanstalkd")
 FLOOR = "floor"
+FLOOR_LOG = "floor-log"  # the writing floor: bench/floor.py --log
+FLOORS = (FLOOR, FLOOR_LOG)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # Durability modes, side by side: (smallstalk flags, beanstalkd flags, needs a data dir)
@@ -160,12 +163,14 @@ class Server:
         self.mode = mode
         self.port = free_port()
         self.data_dir = data_dir
-        if MODES[mode][2] and data_dir is None and kind != FLOOR:
+        if (MODES[mode][2] or kind == FLOOR_LOG) and data_dir is None and kind != FLOOR:
             self.data_dir = Path(tempfile.mkdtemp(prefix=f"{kind}-{mode}-", dir=workdir))
         ss_flags, bs_flags, persistent = MODES[mode]
-        if kind == FLOOR:  # stateless: no durability mode
+        if kind in FLOORS:  # no durability mode: the plain floor keeps nothing
             cmd = [sys.executable, str(HERE / "floor.py"), "-l", "127.0.0.1", "-p",
                    str(self.port)]
+            if kind == FLOOR_LOG:
+                cmd += ["--log", str(self.data_dir / "records.log")]
         elif kind == "smallstalk":
             cmd = [smallstalk_python, "-m", "smallstalk", "serve", "-l", "127.0.0.1",
                    "-p", str(self.port)]

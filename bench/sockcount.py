@@ -18,7 +18,9 @@ space), for either server.
 delete: two commands an op) and `cycle` (put, reserve, delete: three) for
 smallstalk; the floor answers puts only, so each row's ratio is smallstalk's
 instructions per command over the floor's per put at the same connections,
-the issue's measure. Before an `rd` run the server is loaded with 3 x `--ops`
+the issue's measure. With `--mode never` the writing floor (`floor.py --log`,
+a record per put appended with one write a wake-up) runs too, and each row
+also gives smallstalk's per command over its per put. Before an `rd` run the server is loaded with 3 x `--ops`
 + 100 per connection jobs (pipelined puts), the same number in both runs, so
 the loading cancels out too; the shorter run ends with 2 x `--ops` more jobs
 left, whose freeing at exit is not cancelled (a few hundred instructions a
@@ -162,8 +164,10 @@ def counts(kind: str, source: str | None, conns: int, ops: int, tmp: Path,
     out = tmp / f"callgrind.{kind}.{workload}.{conns}.{ops}.out"
     env = dict(os.environ, PYTHONHASHSEED="0")
     cwd = None
-    if kind == "floor":
+    if kind.startswith("floor"):
         cmd = [sys.executable, str(HERE / "floor.py"), "-l", "127.0.0.1", "-p", str(port)]
+        if kind == "floor-log":
+            cmd += ["--log", str(Path(tempfile.mkdtemp(prefix="data-", dir=tmp)) / "records.log")]
     else:
         cmd = [sys.executable, "-m", "smallstalk", "serve", "-l", "127.0.0.1", "-p", str(port)]
         if mode != "memory":  # a fresh data directory each run
@@ -177,13 +181,14 @@ def counts(kind: str, source: str | None, conns: int, ops: int, tmp: Path,
         _wait_up(port, proc)
         if preload:
             loadgen.run(port, "load", min(conns, 10), total=preload, duration=3600, procs=1)
-        ready = None if kind == "floor" else _first_call_only(lambda: _wait_accepted(port, conns))
+        ready = None if kind.startswith("floor") else _first_call_only(
+            lambda: _wait_accepted(port, conns))
         res = loadgen.run(port, workload, conns, duration=3600, procs=1, max_ops=ops,
                           probe=ready)
         if res["ops"] < ops or res.get("errors"):
             raise SystemExit(f"{kind}: {res['ops']} of {ops} {workload} ops answered, "
                              f"{res.get('errors')} errors")
-        if kind != "floor":
+        if not kind.startswith("floor"):
             _wait_closed(port)
     finally:
         proc.send_signal(signal.SIGINT)
@@ -212,32 +217,37 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind (apt-get install -y valgrind)")
-    servers = [("floor", None)] + [("smallstalk", s) for s in (a.source or [None])]
+    floors = ["floor", "floor-log"] if a.mode == "never" else ["floor"]
+    servers = [(f, None) for f in floors] + [("smallstalk", s) for s in (a.source or [None])]
     tmp = Path(tempfile.mkdtemp(prefix="smallstalk-sockcount-"))
     rows = []
     try:
         for conns in (int(c) for c in a.conns.split(",")):
-            floor = None
+            floor = floor_log = None
             for kind, src in servers:
-                for wl in ["put"] if kind == "floor" else a.workloads.split(","):
+                for wl in ["put"] if kind.startswith("floor") else a.workloads.split(","):
                     preload = 3 * a.ops + 100 * conns if wl == "rd" else 0
                     lo, lo_polls = counts(kind, src, conns, a.ops, tmp, wl, preload, a.mode)
                     hi, hi_polls = counts(kind, src, conns, 3 * a.ops, tmp, wl, preload, a.mode)
                     per_op = (hi - lo) / (2 * a.ops)
                     per_cmd = per_op / loadgen.COMMANDS_PER_OP[wl]
                     floor = per_cmd if kind == "floor" else floor
+                    floor_log = per_cmd if kind == "floor-log" else floor_log
                     name = kind if src is None else f"{kind} {src}"
                     cmds = 2 * a.ops * loadgen.COMMANDS_PER_OP[wl]
                     per_poll = cmds / (hi_polls - lo_polls) if hi_polls > lo_polls else float("inf")
+                    wfloor = "" if a.mode != "never" else \
+                        f" {per_cmd / floor_log:.2f}× |" if floor_log else " – |"
                     rows.append(f"| {conns} | {name} | {wl} | {per_op:,.0f} | {per_cmd:,.0f} | "
-                                f"{per_cmd / floor:.2f}× | {per_poll:,.1f} |")
+                                f"{per_cmd / floor:.2f}× |{wfloor} {per_poll:,.1f} |")
                     print(rows[-1], file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    wcol = (" / writing floor's |", "---:|") if a.mode == "never" else ("", "")
     print(f"### User-space instructions per command over loopback, mode {a.mode}, under "
           f"callgrind ({a.ops} and {3 * a.ops} ops)\n\n| connections | server | workload | "
-          "instructions/op | per command | / floor's per put | commands per poll |\n"
-          "|---:|---|---|---:|---:|---:|---:|\n" + "\n".join(rows))
+          f"instructions/op | per command | / floor's per put |{wcol[0]} commands per poll |\n"
+          f"|---:|---|---|---:|---:|---:|{wcol[1]}---:|\n" + "\n".join(rows))
     return 0
 
 

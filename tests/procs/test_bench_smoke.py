@@ -2,8 +2,10 @@
 bench/wakeparts.py, which patches trio's internals to stamp them, still can.
 
 Not a performance test: no number is judged, only that both servers and the
-floor (bench/floor.py) were driven in every durability mode, the open-loop
-section paced all three, and the table, JSON and markdown came out well formed.
+floor (bench/floor.py) were driven in every durability mode, the writing floor
+beside the `--fsync never` rows, the open-loop section paced all three, and the
+table, JSON and markdown came out well formed; and that the writing floor's log
+holds each put it answered.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import json
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 from ..support.procs import REPO, free_port, needs_beanstalkd
@@ -47,7 +51,7 @@ def test_bench_tiny_mode_produces_table_and_json(tmp_path: Path) -> None:
     text = proc.stdout
     for needle in ("ops/s ss", "ops/s bs", "ratio", "ss/floor", "bs/floor", "no persistence",
                    "--fsync never", "--fsync always", "The floor", "Open loop", "Memory: RSS",
-                   "Restart with", "import trio", "Targets"):
+                   "Restart with", "import trio", "Targets", "ss/wfloor", "bs/wfloor"):
         assert needle in text, needle
 
     results = json.loads((out / "latest-tiny.json").read_text())
@@ -71,6 +75,11 @@ def test_bench_tiny_mode_produces_table_and_json(tmp_path: Path) -> None:
         # Each row is measured against the floor's puts at its connections.
         assert p["floor"] in results["floor"], p["floor"]
         assert all(v is not None and v > 0 for v in p["vs_floor"].values()), p["vs_floor"]
+        # --fsync never rows also against the writing floor, and only those.
+        assert ("vs_floor_log" in p) == (p["mode"] == "never"), p
+        if p["mode"] == "never":
+            assert p["floor"] in results["floor_log"], p["floor"]
+            assert all(v is not None and v > 0 for v in p["vs_floor_log"].values()), p
 
     # reserve-batch: smallstalk's rd-batch beside beanstalkd's pipelined reserve+delete.
     (batch,) = [p for p in points if p["workload"] == "rd-batch"]
@@ -81,7 +90,8 @@ def test_bench_tiny_mode_produces_table_and_json(tmp_path: Path) -> None:
 
     # The floor answered every put it was sent, saturated.
     assert set(results["floor"]) == {"put/2", "put-pipe/1", "put-pipe/2"}
-    for point, r in results["floor"].items():
+    assert set(results["floor_log"]) == {"put/2", "put-pipe/1"}  # the never points'
+    for point, r in [*results["floor"].items(), *results["floor_log"].items()]:
         assert "error" not in r and r["ops"] > 0 and r["errors"] == 0, point
         assert r["server_cpu_us_per_op"] > 0, point
 
@@ -121,6 +131,46 @@ def test_bench_tiny_mode_produces_table_and_json(tmp_path: Path) -> None:
 
     md = (out / "latest-tiny.md").read_text()
     assert "| mode | workload | conns |" in md and "|---" in md and "ss/floor" in md
+
+
+def test_the_writing_floor_logs_each_put_before_its_reply(tmp_path: Path) -> None:
+    log = tmp_path / "records.log"
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "floor.py"), "-l", "127.0.0.1",
+                             "-p", str(port), "--log", str(log)], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "floor never listened"
+                time.sleep(0.05)
+        bodies = [b"first", b"", b"x" * 300, b"a\r\nb"]
+        with conn:
+            conn.sendall(b"".join(b"put 0 0 60 %d\r\n%s\r\n" % (len(b), b) for b in bodies))
+            want = b"".join(b"INSERTED %d\r\n" % i for i in range(1, len(bodies) + 1))
+            got = b""
+            while len(got) < len(want):
+                chunk = conn.recv(4096)
+                assert chunk, "the floor closed the connection"
+                got += chunk
+        assert got == want
+        # Every answered put is in the log, framed, in order (written before the replies).
+        data, pos, logged = log.read_bytes(), 0, []
+        while pos < len(data):
+            n, crc = struct.unpack_from("<II", data, pos)
+            payload = data[pos + 8:pos + 8 + n]
+            assert len(payload) == n and zlib.crc32(payload) == crc
+            seq, stamp = struct.unpack_from("<QQ", payload)
+            logged.append((seq, payload[16:]))
+            assert stamp > 0
+            pos += 8 + n
+        assert logged == list(enumerate(bodies, 1))
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_wakeparts_stamps_every_part_of_a_hand_off() -> None:
