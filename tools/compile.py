@@ -29,12 +29,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # The modules compiled. With a .pxd declaring their classes' fields: the State
 # chain and what it is made of, the snapshot codec (a restart makes every job
 # there), the two protocols' parsers, the records' encoder, the segment writer
-# with the frame decoder, the journal, and the loop's group (its session,
-# commit, roles, the loop itself, dispatch, the connection, the poller and the
-# timers' pass): classes whose fields only compiled code reads, as a compiled
-# field read from interpreted code costs more than a slot. As they are: the
-# rest of a restart's reading, and the storage layer's histograms (a commit
-# observes one each turn: interpreted, a frame).
+# with the frame decoder, the journal with its histograms (a commit observes
+# one each turn), and the loop's group (its session, commit, roles, the loop
+# itself, dispatch, the connection, the poller and the timers' pass): classes
+# whose fields only compiled code reads, as a compiled field read from
+# interpreted code costs more than a slot. As they are: the rest of a
+# restart's reading.
 COMPILED = ["smallstalk/core/model.py", "smallstalk/core/commands.py",
             "smallstalk/core/keys.py",
             "smallstalk/core/queries.py",

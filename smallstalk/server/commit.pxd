@@ -18,6 +18,8 @@ cdef class GroupCommit:
     # commit's own end of a turn: C calls.
     cpdef begin_turn(self)
     cpdef bint finish_turn_now(self, list calls)
+    cpdef _committed(self, list calls)
+    cpdef _commit_failed(self, list calls, e)
     cpdef _end_turn(self, list calls, committed)
     cpdef list _collect(self, send=*)
     # The everyday records, staged from the loop: C calls.

@@ -277,39 +277,54 @@ class GroupCommit:
 
     def finish_turn_now(self, calls: list) -> bool:
         """`finish_turn` where it has nothing to wait for (no records staged,
-        no journal, or --fsync always's two steps): done, True. False, having
-        done nothing, where the journal's commit may wait (a rotation): the
-        loop then awaits `finish_turn`. (The loop's turn asks this first: an
-        await costs a coroutine per turn, in memory mode on every one.)
-        `calls` as `finish_turn`'s, `list` for commit.pxd's C signature."""
+        no journal, --fsync always's two steps, or a write that no rotation
+        follows): done, True. False, having done nothing, where the journal's
+        commit may wait (a rotation, an fsync): the loop then awaits
+        `finish_turn`. (The loop's turn asks this first: an await costs
+        coroutines per turn.) `calls` as `finish_turn`'s, `list` for
+        commit.pxd's C signature."""
         j = self.journal
-        if j is not None:
-            if j.syncer is not None:
-                self._commit_in_two_steps(calls)
-                return True
-            if j.has_pending():
+        if j is None:
+            self._end_turn(calls, False)
+            return True
+        if j.syncer is not None:
+            self._commit_in_two_steps(calls)
+            return True
+        if not j.segment.pending:
+            self._end_turn(calls, False)
+            return True
+        try:
+            if not j.commit_now():
                 return False
-        self._end_turn(calls, False)
+        except JournalError as e:
+            self._commit_failed(calls, e)
+        else:
+            self._committed(calls)
         return True
 
     async def finish_turn(self, calls: list[tuple[list, trio.Event]]) -> None:
         """The turn's end that `finish_turn_now` declined (records staged, no
         fsync thread): commit them, which may wait, then send the replies (and
         end the calls)."""
-        committed = False
         try:
             await self.journal.commit()
         except JournalError as e:
-            self._failed(e)
-            for box, _done in calls:
-                box[:] = [e]  # what the call staged is not on disk
+            self._commit_failed(calls, e)
         else:
-            committed = True
-            if self.failed_until:
-                self.failed_until = 0.0
-            if self.turn_puts:
-                self.owner.spill(self.turn_puts)
-        self._end_turn(calls, committed)
+            self._committed(calls)
+
+    def _committed(self, calls: list) -> None:
+        if self.failed_until:
+            self.failed_until = 0.0
+        if self.turn_puts:
+            self.owner.spill(self.turn_puts)
+        self._end_turn(calls, True)
+
+    def _commit_failed(self, calls: list, e: JournalError) -> None:
+        self._failed(e)
+        for box, _done in calls:
+            box[:] = [e]  # what the call staged is not on disk
+        self._end_turn(calls, False)
 
     def _end_turn(self, calls: list, committed) -> None:
         """After the commit (`committed`: it wrote records): feed the replicas,

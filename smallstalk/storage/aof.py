@@ -28,6 +28,7 @@ import struct
 import time
 import zlib
 from collections.abc import Iterator
+from os import pwrite  # a turn's write: a global, not an attribute of `os`, in the compiled build
 from pathlib import Path
 from typing import BinaryIO
 from zlib import crc32
@@ -382,9 +383,9 @@ class SegmentWriter:
         if end > self.allocated and self.preallocate:
             self._allocate(end)
         try:
-            written = 0
+            written = pwrite(self.fd, data, self.size)  # no copy for the usual whole write
             while written < len(data):
-                written += os.pwrite(self.fd, data[written:], self.size + written)
+                written += pwrite(self.fd, data[written:], self.size + written)
         except OSError:
             self._cut_back()
             raise

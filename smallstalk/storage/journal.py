@@ -182,12 +182,36 @@ class Journal:
             else:
                 await trio.to_thread.run_sync(self.sync)
         else:
-            self.committed_seq = self.sync_asked = self.written_seq
-            seg.durable = (seg.size, seg.records, seg.last_seq)
-            self.metrics.commit_records.observe(count)
-            self._dirty = True
+            self._written_is_committed(count)
         if self.segment_full():
             await self.rotate()
+
+    def commit_now(self) -> bool:
+        """`commit` where it would not wait: under `everysec` and `never`, when
+        the segment is not full after the write (no rotation follows). True,
+        committed (JournalError as `commit`'s); False, having done nothing: the
+        caller awaits `commit`. (The loop asks this first: an await costs two
+        coroutines a turn.)"""
+        seg = self.segment
+        if not seg.pending:
+            return True
+        if (self.fsync == FSYNC_ALWAYS
+                or seg.records + seg.pending_records >= self.segment_records
+                or seg.size + seg.pending_bytes >= self.segment_bytes):
+            return False
+        count = seg.pending_records
+        self.write_staged()
+        self._written_is_committed(count)
+        return True
+
+    def _written_is_committed(self, count) -> None:
+        """Under `everysec` and `never` a written batch is committed: the kernel
+        (or the background fsync, `_dirty`) takes it from there."""
+        self.committed_seq = self.sync_asked = self.written_seq
+        seg = self.segment
+        seg.durable = (seg.size, seg.records, seg.last_seq)
+        self.metrics.commit_records.observe(count)
+        self._dirty = True
 
     def segment_full(self) -> bool:
         seg = self.segment

@@ -27,7 +27,7 @@ class Histogram:
         self.sum = 0.0
         self.count = 0
 
-    def observe(self, value: float) -> None:
+    def observe(self, value) -> None:  # unannotated: see storage/aof.pxd
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
         self.count += 1
