@@ -26,10 +26,10 @@ only through `Owner`, so neither writes the other's fields.
 from __future__ import annotations
 
 import logging
-import math
 import os
 from bisect import bisect_left, bisect_right
 from collections import deque
+from math import inf  # read each turn: a global, not an attribute of `math`, when compiled
 from typing import Protocol
 
 import trio
@@ -147,7 +147,7 @@ class GroupCommit:
 
     def begin_turn(self) -> None:
         self.turn_seq0 = self.owner.state.last_seq
-        self.holds = bool(self.min_replica_acks) or self.owner.lease_until != math.inf
+        self.holds = bool(self.min_replica_acks) or self.owner.lease_until != inf
 
     def touch(self, s: Session) -> None:
         """`s` may have replies this turn: the turn's end collects them."""
@@ -333,12 +333,12 @@ class GroupCommit:
         payloads = self.turn_payloads
         if payloads:
             self.turn_payloads = []
-            if committed:
+            if committed and self.feeds:  # most turns have no replica: no list to make
                 for feed in list(self.feeds.values()):
                     feed.push(payloads)
         for _box, done in calls:
             done.set()
-        if not self.min_replica_acks and self.owner.lease_until == math.inf:
+        if not self.min_replica_acks and self.owner.lease_until == inf:
             self._collect(send=True)  # nothing to hold: no Delivery to make
             return
         self._reply(self._collect(), self.owner.state.last_seq if committed else self.turn_seq0,
@@ -510,7 +510,7 @@ class GroupCommit:
     def _reply(self, deliveries: list[Delivery], turn_seq: int, seq0: int) -> None:
         hold = self.min_replica_acks and turn_seq > seq0
         held = []
-        leased = self.owner.lease_until != math.inf
+        leased = self.owner.lease_until != inf
         for d in deliveries:
             if hold and any(d.mut):
                 held.append(d)
@@ -541,7 +541,7 @@ class GroupCommit:
         acked = self.acked_seq()
         q = self.awaiting_acks
         while q and q[0].seq <= acked:
-            leased = self.owner.lease_until != math.inf
+            leased = self.owner.lease_until != inf
             for d in q.popleft().deliveries:
                 deliver(self._within_lease(d) if leased else d)
 

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import heapq
 import logging
-import math
 import os
 import time
 from collections import deque
 from collections.abc import Callable
+from math import inf  # read each turn (see commit.py)
 from pathlib import Path
 
 import trio
@@ -110,7 +110,7 @@ class MutationLoop(Roles):
         self.read_only: str | None = None  # reason, when clients may not change state
         # HA (replication/ha.py): no change is acknowledged at or after this
         # trio time, the last moment our leader lease is surely ours.
-        self.lease_until = math.inf
+        self.lease_until = inf
         self.instance_id = os.urandom(8).hex()
         self._next_conn = state.next_conn_id
         self._replica_next = REPLICA_SESSIONS + int.from_bytes(os.urandom(3)) * REPLICA_RANGE
@@ -486,7 +486,7 @@ class MutationLoop(Roles):
         (None: no timer; while a turn runs elsewhere, until it ends)."""
         self._waiter = trio.lowlevel.current_task()
         self._waits_turn = self._turning
-        deadline = math.inf if wait is None else trio.current_time() + wait
+        deadline = inf if wait is None else trio.current_time() + wait
         try:
             with trio.CancelScope(deadline=deadline) as self._sleep:
                 await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
@@ -500,7 +500,7 @@ class MutationLoop(Roles):
 
     async def turn(self, batch: list) -> None:
         self.now = self.clock()
-        if self.lease_until != math.inf and not self.read_only \
+        if self.lease_until != inf and not self.read_only \
                 and trio.current_time() >= self.lease_until:
             self.fence("ha: the leader lease ran out")  # e.g. after a pause of the process
         c = self.commit
