@@ -9,3 +9,7 @@ from smallstalk.server.session cimport Session
 cdef class MutationLoop(Roles):
     # Called only by the loop's own methods: a C call, not a method lookup.
     cdef _run(self, Session s)
+    # Dispatch's everyday calls (declared on roles.pxd's Roles).
+    cpdef log_put(self, conn, str tube, pri, delay, ttr, bytes body)
+    cpdef log_job(self, type cls, conn, job_id)
+    cpdef body_of(self, job)

@@ -266,7 +266,7 @@ class MutationLoop(Roles):
         self.state.apply(rec)
         return rec
 
-    def log_job(self, cls: type, conn: int, job_id: int) -> None:
+    def log_job(self, cls: type, conn, job_id) -> None:  # ints unannotated: roles.pxd
         """`log(cls, conn, job_id)` of a Reserve or Delete, no record made: its
         state change by State.apply_reserve or apply_delete, staged by
         `commit.stage_job` with a journal; `log` itself where it checks."""
@@ -284,8 +284,7 @@ class MutationLoop(Roles):
         else:
             self.state.apply_delete(seq, self.now, conn, job_id)
 
-    def log_put(self, conn: int, tube: str, pri: int, delay: int, ttr: int,
-                body: bytes) -> int:
+    def log_put(self, conn, tube: str, pri, delay, ttr, body: bytes) -> int:
         """`log(r.Put, ...)` for the everyday put, with the job id it takes
         (`take_job_id`, inlined), without making the record (the loop's
         `LiveEncoder`): the same bytes staged, the same state change. Returns

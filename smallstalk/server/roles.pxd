@@ -21,3 +21,8 @@ cdef class Roles:
     cdef public object _waits_turn, _turning, batching, _resume_cb, role
     cdef public object follower, replication, ha, policies, schedules_loaded, config_path
     cdef public object bodies, admin, extended_stats, deferred, searches
+    # The everyday records and bodies, defined by loop.py's MutationLoop and
+    # called by dispatch, which sees the loop as this root: C calls (virtual).
+    cpdef log_put(self, conn, str tube, pri, delay, ttr, bytes body)
+    cpdef log_job(self, type cls, conn, job_id)
+    cpdef body_of(self, job)

@@ -43,6 +43,17 @@ class Replication(Protocol):
 class Roles:
     """The settings, role, lease and state-swap methods of `MutationLoop`."""
 
+    # Defined by MutationLoop (loop.py). Declared on this root because
+    # dispatch sees the loop as one: compiled, its everyday calls are C calls.
+    def log_put(self, conn, tube: str, pri, delay, ttr, body: bytes) -> int:
+        raise NotImplementedError
+
+    def log_job(self, cls: type, conn, job_id) -> None:
+        raise NotImplementedError
+
+    def body_of(self, job) -> bytes:
+        raise NotImplementedError
+
     def reload_config(self) -> str | None:
         """Re-read the tube policies from `config_path`; an error message, or None.
 
