@@ -122,8 +122,9 @@ class Floor:
 
     async def run(self) -> None:
         ep, conns = self.ep, self.conns
+        wait_readable, epfd = trio.lowlevel.wait_readable, ep.fileno()  # as the poller's
         while True:
-            await trio.lowlevel.wait_readable(ep.fileno())
+            await wait_readable(epfd)
             if self.log_fd is not None:
                 self.now = time.time_ns()
             touched = []

@@ -68,9 +68,11 @@ class Poller:
 
     async def run(self) -> None:
         ep, conns, batcher = self._ep, self._conns, self._batcher
+        # Looked up once, not on each wake-up: two attribute reads and a call.
+        wait_readable, epfd = trio.lowlevel.wait_readable, ep.fileno()
         try:
             while True:
-                await trio.lowlevel.wait_readable(ep.fileno())
+                await wait_readable(epfd)
                 batcher.begin_batch()
                 for fd, _events in ep.poll(0):
                     on_readable = conns.get(fd)
