@@ -5,11 +5,13 @@ buffer). A commit has two steps, each with one body here: `write_staged()`
 puts everything staged in the file (`written_seq`), `sync()` makes it durable
 (`committed_seq`, what replicas may be sent). Which caller takes which path:
 
-- `await commit()` (the loop under `everysec` and `never`; start-up; the
-  loop under `always` before its fsync thread runs): `write_staged()`, then
-  under `always` `sync()`, in this thread for a small batch and in a worker
-  thread for a big one; under `everysec` a background task fsyncs at most
-  every `interval` seconds; under `never` the kernel flushes.
+- `await commit()` (start-up; the loop under `always` before its fsync
+  thread runs; the loop's turn whose write fills the segment):
+  `write_staged()`, then under `always` `sync()`, in this thread for a
+  small batch and in a worker thread for a big one; under `everysec` a
+  background task fsyncs at most every `interval` seconds; under `never`
+  the kernel flushes. `commit_now()` is the same without an await, for the
+  loop's other turns under `everysec` and `never` (no rotation follows).
 - The loop under `always` (server/commit.py) calls the two steps itself:
   `write_staged()` at the end of each turn, then `sync()` inline for a small
   turn or `sync_in_background()` (the fsync thread, syncer.py) for a big one,
