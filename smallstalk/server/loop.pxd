@@ -9,6 +9,11 @@ from smallstalk.server.session cimport Session
 cdef class MutationLoop(Roles):
     # Called only by the loop's own methods: a C call, not a method lookup.
     cdef _run(self, Session s)
+    cdef _turn_on_inbox_now(self)
+    cdef _turn_ended(self)
+    cdef _alarm_earlier(self, tops)
+    # The poller's end of a pass, each wake-up.
+    cpdef bint end_batch_now(self)
     # Dispatch's everyday calls (declared on roles.pxd's Roles).
     cpdef log_put(self, conn, str tube, pri, delay, ttr, bytes body)
     cpdef log_job(self, type cls, conn, job_id)

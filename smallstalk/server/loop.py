@@ -125,11 +125,12 @@ class MutationLoop(Roles):
         self._inbox: deque = deque()
         self._waiter = None  # the loop task, asleep until input or its deadline
         # That sleep's cancel scope: a poller turn moves its deadline to the
-        # next timer instead of waking the task to look (see `end_batch`).
+        # next timer instead of waking the task to look (`_alarm_earlier`).
         self._sleep: trio.CancelScope | None = None
         self._waits_turn = False  # it sleeps until a running turn ends
         self._turning = False  # a turn is running (it may await: one at a time)
         self.batching = False
+        self._batch_waits = None  # a poller's turn whose commit waits: (calls, timer tops)
         # Sessions that used up their slice of a turn with commands left: they
         # go on next turn, which starts without waiting for input.
         self.runnable: dict[int, Session] = {}
@@ -447,19 +448,41 @@ class MutationLoop(Roles):
     async def end_batch(self) -> None:
         """The poller's pass ended: run the turn for what it read, in the
         poller's task (a wake-up of the loop task saved per pass). The loop
-        task still runs the turns of everything else, one turn at a time."""
+        task still runs the turns of everything else, one turn at a time.
+        The poller calls its two halves, `end_batch_now` and, where that
+        declines, `end_batch_wait`: most passes then cost no coroutine."""
+        if not self.end_batch_now():
+            await self.end_batch_wait()
+
+    def end_batch_now(self) -> bool:
+        """`end_batch` where its turn need not wait: True, done. False: the
+        turn ran up to a commit that must wait; the caller awaits
+        `end_batch_wait`, which ends it."""
         self.batching = False
         if self._turning:
-            return  # the running turn's end wakes the loop task for this input
+            return True  # the running turn's end wakes the loop task for this input
         if not self._inbox:
-            return
+            return True
         tops = timers.heap_tops(self.state)
-        await self._turn_on_inbox()
-        # The loop task sleeps until the next timer as it was before this
-        # turn: if this turn made an earlier one (a delay, a TTR, a lazy
-        # fsync), move its alarm there, without a task switch. A later one is
-        # left alone: moving a deadline costs trio more than the rare early
-        # wake-up, which finds nothing due and sleeps again.
+        calls = self._turn_on_inbox_now()
+        if calls is not None:
+            self._batch_waits = (calls, tops)
+            return False
+        self._alarm_earlier(tops)
+        return True
+
+    async def end_batch_wait(self) -> None:
+        calls, tops = self._batch_waits
+        self._batch_waits = None
+        await self._finish_turn(calls)
+        self._alarm_earlier(tops)
+
+    def _alarm_earlier(self, tops) -> None:
+        """The loop task sleeps until the next timer as it was before this
+        turn (`tops`): if the turn made an earlier one (a delay, a TTR, a lazy
+        fsync), move its alarm there, without a task switch. A later one is
+        left alone: moving a deadline costs trio more than the rare early
+        wake-up, which finds nothing due and sleeps again."""
         sleep = self._sleep
         if sleep is not None and not self._waits_turn and timers.maybe_earlier(self, tops):
             wait = timers.seconds_to_next_deadline(self)
@@ -469,16 +492,35 @@ class MutationLoop(Roles):
                     sleep.deadline = at
 
     async def _turn_on_inbox(self) -> None:
+        calls = self._turn_on_inbox_now()
+        if calls is not None:
+            await self._finish_turn(calls)
+
+    def _turn_on_inbox_now(self) -> list | None:
+        """The turn of what the inbox holds: None, ended; or its calls, the
+        turn run up to a commit that must wait (`_finish_turn` ends it)."""
         inbox = self._inbox
         batch = list(inbox)
         inbox.clear()
         self._turning = True
+        calls = None
         try:
-            await self.turn(batch)
+            calls = self.turn(batch)
         finally:
-            self._turning = False
-            if inbox or self.runnable or self.searches.running or self._waits_turn:
-                self._wake()  # what came while the turn awaited, a slice left over
+            if calls is None:
+                self._turn_ended()
+        return calls
+
+    async def _finish_turn(self, calls: list) -> None:
+        try:
+            await self.commit.finish_turn(calls)
+        finally:
+            self._turn_ended()
+
+    def _turn_ended(self) -> None:
+        self._turning = False
+        if self._inbox or self.runnable or self.searches.running or self._waits_turn:
+            self._wake()  # what came while the turn awaited, a slice left over
 
     async def _wait_for_input(self, wait: float | None) -> None:
         """Sleep until `_post` wakes the loop task or `wait` seconds pass
@@ -497,7 +539,10 @@ class MutationLoop(Roles):
         self._waiter = None
         return trio.lowlevel.Abort.SUCCEEDED
 
-    async def turn(self, batch: list) -> None:
+    def turn(self, batch: list) -> list | None:
+        """One turn over `batch` (and the sessions left runnable), ended where
+        its commit need not wait: None. Else its calls: the caller awaits
+        `commit.finish_turn(calls)` (`_finish_turn`), which ends it."""
         self.now = self.clock()
         if self.lease_until != inf and not self.read_only \
                 and trio.current_time() >= self.lease_until:
@@ -554,8 +599,7 @@ class MutationLoop(Roles):
                 self.grant_waiters()
             except Unavailable:
                 pass
-        if not c.finish_turn_now(calls):
-            await c.finish_turn(calls)
+        return None if c.finish_turn_now(calls) else calls
 
     def _run(self, s: Session) -> None:
         """Run a session's pending commands in order until one blocks, its

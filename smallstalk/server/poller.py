@@ -8,8 +8,9 @@ keeps an epoll set of its own (level-triggered, a socket registered once),
 waits on it as a single fd in trio, and on each wake-up calls every readable
 connection's `on_readable`, which reads once, parses, and hands the commands
 to the mutation loop. When the pass ends it runs the loop's turn for everything it
-read (`Batcher.end_batch`): commands from many connections are answered in
-one turn, without a task switch per connection nor one to the loop's task.
+read (`Batcher.end_batch_now`, and `end_batch_wait` where its commit must
+wait): commands from many connections are answered in one turn, without a
+task switch per connection nor one to the loop's task.
 
 A connection leaves the set when it must not be read: throttled
 (backpressure), at the end of its input, and before its socket closes (so a
@@ -39,7 +40,9 @@ class Batcher(Protocol):
 
     def begin_batch(self) -> None: ...
 
-    async def end_batch(self) -> None: ...
+    def end_batch_now(self) -> bool: ...
+
+    async def end_batch_wait(self) -> None: ...
 
 
 def available() -> bool:
@@ -78,6 +81,7 @@ class Poller:
                     on_readable = conns.get(fd)
                     if on_readable is not None:
                         on_readable()
-                await batcher.end_batch()
+                if not batcher.end_batch_now():  # most passes: no coroutine
+                    await batcher.end_batch_wait()
         finally:
             ep.close()

@@ -129,10 +129,11 @@ async def test_a_big_search_runs_in_bounded_slices_while_others_are_served(
         slices.append(searches.last)
         return reply
 
-    async def counting_turn(batch):
+    def counting_turn(batch):
         before = len(slices)
-        await real_turn(batch)
+        calls = real_turn(batch)
         turns.append(len(slices) - before)
+        return calls
 
     searches._slice = recording_slice
     lp.turn = counting_turn
