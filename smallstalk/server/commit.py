@@ -284,13 +284,10 @@ class GroupCommit:
         coroutines per turn.) `calls` as `finish_turn`'s, `list` for
         commit.pxd's C signature."""
         j = self.journal
-        if j is None:
-            self._end_turn(calls, False)
-            return True
-        if j.syncer is not None:
+        if j is not None and j.syncer is not None:
             self._commit_in_two_steps(calls)
             return True
-        if not j.segment.pending:
+        if j is None or not j.has_pending():
             self._end_turn(calls, False)
             return True
         try:

@@ -197,9 +197,7 @@ class Journal:
         seg = self.segment
         if not seg.pending:
             return True
-        if (self.fsync == FSYNC_ALWAYS
-                or seg.records + seg.pending_records >= self.segment_records
-                or seg.size + seg.pending_bytes >= self.segment_bytes):
+        if self.fsync == FSYNC_ALWAYS or self.segment_full(seg.pending_records, seg.pending_bytes):
             return False
         count = seg.pending_records
         self.write_staged()
@@ -215,9 +213,12 @@ class Journal:
         self.metrics.commit_records.observe(count)
         self._dirty = True
 
-    def segment_full(self) -> bool:
+    def segment_full(self, records=0, nbytes=0) -> bool:
+        """The open segment is full, or would be with `records` more records of
+        `nbytes` (`commit_now` asks before its write)."""
         seg = self.segment
-        return seg.records >= self.segment_records or seg.size >= self.segment_bytes
+        return (seg.records + records >= self.segment_records
+                or seg.size + nbytes >= self.segment_bytes)
 
     # --- the two steps ---------------------------------------------------------------
 

@@ -133,7 +133,7 @@ def test_bench_tiny_mode_produces_table_and_json(tmp_path: Path) -> None:
     assert "| mode | workload | conns |" in md and "|---" in md and "ss/floor" in md
 
 
-def test_the_writing_floor_logs_each_put_before_its_reply(tmp_path: Path) -> None:
+def test_the_writing_floor_logs_each_put_it_answers(tmp_path: Path) -> None:
     log = tmp_path / "records.log"
     port = free_port()
     proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "floor.py"), "-l", "127.0.0.1",
@@ -157,7 +157,7 @@ def test_the_writing_floor_logs_each_put_before_its_reply(tmp_path: Path) -> Non
                 assert chunk, "the floor closed the connection"
                 got += chunk
         assert got == want
-        # Every answered put is in the log, framed, in order (written before the replies).
+        # Every answered put is in the log, framed, in order.
         data, pos, logged = log.read_bytes(), 0, []
         while pos < len(data):
             n, crc = struct.unpack_from("<II", data, pos)
