@@ -158,7 +158,7 @@ async def serve(cfg: ServeConfig, sockets: list[socket.socket],
         # Read-behind: bodies past --max-memory (or a tube's max-memory) stay on disk.
         pol = cfg.policies
         bodies = BodyStore(cfg.max_memory, (lambda tube: pol.of(tube).max_memory)
-                           if pol.has_memory_budgets() else None)
+                           if pol.memory_budgets else None)
         # What recovery loads lives long: frozen, the cyclic collector's full
         # passes do not walk it again and again (they stall the loop). Frozen
         # before the collector is back on: it would first sweep every object

@@ -306,7 +306,7 @@ class MutationLoop(Roles):
         # failing disk).
         store = self.bodies
         if self.read_only is not None or self.commit.failed_until or (store is not None and (
-                store.max_memory or self.policies.has_memory_budgets())):
+                store.max_memory or self.policies.memory_budgets)):
             self.log(r.Put, conn, job_id, tube, pri, delay, ttr, body)
             return job_id
         seq = j.take_seq()
@@ -334,7 +334,7 @@ class MutationLoop(Roles):
             return job_id
         store = self.bodies  # through `log`, when log_put would
         if self.read_only is not None or self.commit.failed_until or (store is not None and (
-                store.max_memory or self.policies.has_memory_budgets())):
+                store.max_memory or self.policies.memory_budgets)):
             self.log(r.PutUnique, conn, tube, key, unique_for, keys_max, ((job_id, tube),),
                      pri, delay, ttr, 0, (), body)
             return job_id
@@ -394,7 +394,7 @@ class MutationLoop(Roles):
         a memory budget go to disk, newest first (their records are in the file now)."""
         store, st = self.bodies, self.state
         if not (store.max_memory and st.body_bytes - st.spilled_bytes > store.max_memory) \
-                and not self.policies.has_memory_budgets():
+                and not self.policies.memory_budgets:
             return  # under the server budget, and no tube has one
         keys: dict = {}
         for rec, path, offset in reversed(puts):

@@ -15,6 +15,13 @@ modules, and tests/unit/test_put_fastpath.py holds both builds to cbor2."""
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.string cimport memcpy
 
+
+cdef extern from "Python.h":
+    # CPython's macros over a str's compact storage (every str made since 3.3).
+    bint PyUnicode_IS_ASCII(object o)
+    Py_ssize_t PyUnicode_GET_LENGTH(object o)
+    void* PyUnicode_DATA(object o)
+
 # What comes before a body: at most 13 heads of at most 9 bytes and two
 # texts of at most MAX_TEXT bytes (a tube name is at most 200).
 cdef enum:
@@ -63,11 +70,12 @@ cdef inline Py_ssize_t _heads(Py_ssize_t i, unsigned long long* n, int start,
     return i
 
 
-cdef inline Py_ssize_t _text(Py_ssize_t i, bytes t) noexcept:
-    """An ASCII text (checked by the caller) at _buf[i]; the next index."""
-    cdef Py_ssize_t n = len(t)
+cdef inline Py_ssize_t _text(Py_ssize_t i, str t) noexcept:
+    """An ASCII text (checked by the caller: `_writable`) at _buf[i]; the next
+    index. An ASCII str's characters are its UTF-8 bytes, one each."""
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(t)
     i = _head(i, 0x60, n)
-    memcpy(&_buf[i], PyBytes_AS_STRING(t), n)
+    memcpy(&_buf[i], PyUnicode_DATA(t), n)
     return i + n
 
 
@@ -82,11 +90,11 @@ cdef inline bytes _with_body(Py_ssize_t i, bytes body):
     return out
 
 
-cdef inline bytes _ascii(object s):
-    """s as bytes if it is an ASCII str a buffer's text has room for, else None."""
-    if type(s) is not str or not (<str>s).isascii() or len(<str>s) > MAX_TEXT:
-        return None
-    return (<str>s).encode("ascii")
+cdef inline bint _writable(object s) noexcept:
+    """Is s an ASCII str a buffer's text has room for? (C macros: `isascii`
+    and `encode` were a method call and a bytes object each.)"""
+    return (type(s) is str and PyUnicode_IS_ASCII(s)
+            and PyUnicode_GET_LENGTH(s) <= MAX_TEXT)
 
 
 cpdef put(code, seq, time, conn, id, tube, pri, delay, ttr, body):
@@ -101,11 +109,10 @@ cpdef put(code, seq, time, conn, id, tube, pri, delay, ttr, body):
         n[5] = pri; n[6] = delay; n[7] = ttr
     except OverflowError:
         return None
-    cdef bytes t = _ascii(tube)
-    if t is None:
+    if not _writable(tube):
         return None
     _buf[0] = 0x8A  # an array of 10
-    return _with_body(_heads(_text(_heads(1, n, 0, 5), t), n, 5, 8), body)
+    return _with_body(_heads(_text(_heads(1, n, 0, 5), <str>tube), n, 5, 8), body)
 
 
 cpdef job(code, seq, time, conn, id):
@@ -137,9 +144,8 @@ cpdef put_unique(code, seq, time, conn, tube, key, unique_for, keys_max, id, pri
         n[5] = keys_max; n[6] = id; n[7] = pri; n[8] = delay; n[9] = ttr
     except OverflowError:
         return None
-    cdef bytes t = _ascii(tube)
-    cdef bytes k = _ascii(key)
-    if t is None or k is None:
+    if not (_writable(tube) and _writable(key)):
         return None
     _buf[0] = 0x8D  # an array of 13
-    return _with_body(_heads(_text(_text(_heads(1, n, 0, 4), t), k), n, 4, 10), body)
+    return _with_body(_heads(_text(_text(_heads(1, n, 0, 4), <str>tube), <str>key), n, 4, 10),
+                      body)
