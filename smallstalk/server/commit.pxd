@@ -24,4 +24,5 @@ cdef class GroupCommit:
     cpdef list _collect(self, send=*)
     # The everyday records, staged from the loop: C calls.
     cpdef stage_put(self, bytes payload, seq, job_id)
-    cpdef stage_job(self, type kind, conn, job_id, now)
+    cpdef stage_job(self, type kind, conn, job_id, now, bint ready)
+    cpdef job_need(self, job_id)

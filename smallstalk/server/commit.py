@@ -209,17 +209,18 @@ class GroupCommit:
             self.put_seqs.append(seq)
         self.turn_payloads.append((seq, payload))  # also without feeds: see `stage`
 
-    def stage_job(self, kind: type, conn, job_id, now) -> int:
+    def stage_job(self, kind: type, conn, job_id, now, ready) -> int:
         """`stage(kind(seq, now, conn, job_id))` of a Reserve or a Delete without
         the record (encoded by this commit's `LiveEncoder`): the same bytes
         staged and the same bookkeeping (`_track` keeps nothing of either).
-        Returns the seq taken; the loop applies the change (`loop.log_job`)."""
+        `ready`: the job is ready (the loop, holding the state, looks: the
+        test `stage` makes of a reserve). Returns the seq taken; the loop
+        applies the change (`loop.log_job`)."""
         j = self.journal
         seq = j.take_seq()
         payload = self._encoder.job(kind, seq, now, conn, job_id)
         j.append_payload(payload, seq)
-        if kind is RESERVE and not self.min_replica_acks \
-                and self.owner.state.jobs[job_id].state == READY:
+        if kind is RESERVE and ready and not self.min_replica_acks:
             self.revealed = self.job_need(job_id)
         else:
             self.must_sync = seq
@@ -241,7 +242,7 @@ class GroupCommit:
         self.put_ids.append(top)
         self.put_seqs.append(rec.seq)
 
-    def job_need(self, job_id: int) -> int:
+    def job_need(self, job_id) -> int:  # unannotated: commit.pxd
         """The seq that must be durable before a reply reveals job `job_id`:
         its put, and any unsynced kick (a crash would bury the job again)."""
         ids = self.put_ids

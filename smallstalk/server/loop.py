@@ -37,7 +37,7 @@ import trio
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
 from smallstalk.core.commands import Delete, Put, PutUnique, Reserve
-from smallstalk.core.state import State
+from smallstalk.core.state import READY, State
 from smallstalk.server import dispatch, holdback, timers
 from smallstalk.server.admin import AdminPolicy
 from smallstalk.server.commit import GroupCommit, Unavailable
@@ -279,7 +279,8 @@ class MutationLoop(Roles):
             self.log(cls, conn, job_id)
             return
         else:
-            seq = c.stage_job(cls, conn, job_id, self.now)
+            seq = c.stage_job(cls, conn, job_id, self.now,
+                              cls is RESERVE and self.state.jobs[job_id].state == READY)
         if cls is RESERVE:
             self.state.apply_reserve(seq, self.now, conn, job_id)
         else:

@@ -20,6 +20,8 @@ except ImportError:  # the pure build: cbor2 alone
     FIXED = False
 
 PUT = r.Put.CODE
+RESERVE, DELETE = r.Reserve, r.Delete
+RESERVE_CODE, DELETE_CODE = r.Reserve.CODE, r.Delete.CODE
 
 
 class LiveEncoder:
@@ -50,8 +52,9 @@ class LiveEncoder:
 
     def job(self, cls: type, seq: int, time: int, conn: int, id: int) -> bytes:
         """`records.encode(cls(seq, time, conn, id))` of a Reserve or a Delete."""
-        if FIXED:
-            out = fixedcbor.job(cls.CODE, seq, time, conn, id)
+        if FIXED:  # the code by identity: compiled, a class attribute is a lookup
+            code = RESERVE_CODE if cls is RESERVE else DELETE_CODE if cls is DELETE else cls.CODE
+            out = fixedcbor.job(code, seq, time, conn, id)
             if out is not None:
                 return out
         buf = self._buf
