@@ -16,5 +16,7 @@ cdef class MutationLoop(Roles):
     cpdef bint end_batch_now(self)
     # Dispatch's everyday calls (declared on roles.pxd's Roles).
     cpdef log_put(self, conn, str tube, pri, delay, ttr, bytes body)
+    cpdef log_put_unique(self, conn, str tube, str key, unique_for, keys_max, pri, delay, ttr,
+                         bytes body)
     cpdef log_job(self, type cls, conn, job_id)
     cpdef body_of(self, job)

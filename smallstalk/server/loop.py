@@ -317,8 +317,8 @@ class MutationLoop(Roles):
         st.apply_put(seq, now, conn, job_id, tube, pri, delay, ttr, body)
         return job_id
 
-    def log_put_unique(self, conn: int, tube: str, key: str, unique_for: int, keys_max: int,
-                       pri: int, delay: int, ttr: int, body: bytes) -> int:
+    def log_put_unique(self, conn, tube: str, key: str, unique_for, keys_max, pri, delay,
+                       ttr, body: bytes) -> int:  # ints unannotated: roles.pxd
         """`log(r.PutUnique, ...)` for the everyday keyed put (one job in the
         tube put into, nothing dropped, no expiry; the caller found the key
         free), as `log_put` for a put. Returns the job's id."""

@@ -24,5 +24,7 @@ cdef class Roles:
     # The everyday records and bodies, defined by loop.py's MutationLoop and
     # called by dispatch, which sees the loop as this root: C calls (virtual).
     cpdef log_put(self, conn, str tube, pri, delay, ttr, bytes body)
+    cpdef log_put_unique(self, conn, str tube, str key, unique_for, keys_max, pri, delay, ttr,
+                         bytes body)
     cpdef log_job(self, type cls, conn, job_id)
     cpdef body_of(self, job)

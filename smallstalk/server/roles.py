@@ -48,6 +48,10 @@ class Roles:
     def log_put(self, conn, tube: str, pri, delay, ttr, body: bytes) -> int:
         raise NotImplementedError
 
+    def log_put_unique(self, conn, tube: str, key: str, unique_for, keys_max, pri, delay,
+                       ttr, body: bytes) -> int:
+        raise NotImplementedError
+
     def log_job(self, cls: type, conn, job_id) -> None:
         raise NotImplementedError
 
