@@ -367,3 +367,30 @@ def _cell_rate(r):
 def _cell_us(r, key):
     return "ERR" if "error" in r else fmt_us(r.get(key))
 
+
+def render_across(judged: list[dict], metas: list[dict], markdown: bool) -> str:
+    """`targets.judge_across`'s rows: each run's value, the median, the goal,
+    and whether the median meets it (with how many runs did); first, what
+    each run measured (a median of different trees' runs says so)."""
+    stamps = [m["timestamp"] for m in metas]
+    trees = {(m["git"].get("smallstalk_src_sha256"), m.get("build")) for m in metas}
+    head = [f"{m['timestamp']}: git {str(m['git'].get('commit'))[:10]}, smallstalk/ sha256 "
+            f"{m['git'].get('smallstalk_src_sha256')}, {m.get('build')}, "
+            f"load {m['loadavg_range'][0]:.1f}-{m['loadavg_range'][1]:.1f}" for m in metas]
+    if len(trees) > 1:
+        head.append("(the runs measured different code or builds: the median mixes them)")
+    rows = []
+    for j in judged:
+        spawn = j["goal"].endswith("ms")
+
+        def cell(v, spawn=spawn):
+            return "-" if v is None else f"{v:+.0f} ms" if spawn else fmt_ratio(v)
+
+        rows.append([j["target"], j["point"], *(cell(v) for v in j["values"]), cell(j["median"]),
+                     j["goal"], "-" if j["met"] is None else "yes" if j["met"] else "NO",
+                     f"{j['met_runs']} of {j['runs']}"])
+    headers = ["target", "point", *stamps, "median", "goal", "median met", "runs met"]
+    right = set(range(2, len(headers)))
+    sep = "\n\n" if markdown else "\n"
+    return sep.join(head) + "\n\n" + table(headers, rows, markdown, right) + "\n"
+

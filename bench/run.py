@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from measure import OPEN_LOAD_SHARE, PRESETS, Bench  # noqa: E402
-from render import render  # noqa: E402
+from render import render, render_across  # noqa: E402
 from servers import (  # noqa: E402
     CLK_TCK,
     FLOOR,
@@ -52,7 +52,7 @@ from servers import (  # noqa: E402
     python_facts,
     smallstalk_build,
 )
-from targets import evaluate_targets  # noqa: E402
+from targets import evaluate_targets, judge_across  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,14 +92,20 @@ def main(argv: list[str] | None = None) -> int:
                          "smallstalk/ taken at the start, so edits during a run do not mix in)")
     ap.add_argument("--render", metavar="JSON",
                     help="print the tables of an earlier run's JSON and exit (no servers)")
-    ap.add_argument("--markdown", action="store_true", help="with --render: markdown")
+    ap.add_argument("--across", metavar="JSON", nargs="+",
+                    help="judge the goals on the median of several earlier runs' JSONs "
+                         "(each run's value, the median, how many runs met each) and exit")
+    ap.add_argument("--markdown", action="store_true",
+                    help="with --render or --across: markdown")
     args = ap.parse_args(argv)
+    if args.across:
+        runs = [json.loads(Path(p).read_text()) for p in args.across]
+        judged = judge_across([_judged_now(r) for r in runs])
+        print(render_across(judged, [r["meta"] for r in runs], args.markdown), end="")
+        return 0
     if args.render:
         results = json.loads(Path(args.render).read_text())
-        # Judged against today's goals, whatever the run's were.
-        results["targets"] = evaluate_targets(results["points"], results["rss"],
-                                              results["startup"], results.get("handoff"),
-                                              results.get("spawn"), results.get("open_loop"))
+        results["targets"] = _judged_now(results)
         print(render(results, markdown=args.markdown), end="")
         return 0
     args.servers = args.servers.split(",")
@@ -168,6 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {out / (stamp + '.json')}, {out / (latest + '.json')}, "
           f"{out / (latest + '.md')} in {results['meta']['elapsed_s']:.0f} s")
     return 0
+
+
+def _judged_now(results: dict) -> list[dict]:
+    """An earlier run's results judged against today's goals, whatever the run's were."""
+    return evaluate_targets(results["points"], results["rss"], results["startup"],
+                            results.get("handoff"), results.get("spawn"),
+                            results.get("open_loop"))
 
 
 if __name__ == "__main__":

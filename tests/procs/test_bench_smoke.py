@@ -132,6 +132,24 @@ def test_bench_tiny_mode_produces_table_and_json(tmp_path: Path) -> None:
     md = (out / "latest-tiny.md").read_text()
     assert "| mode | workload | conns |" in md and "|---" in md and "ss/floor" in md
 
+    # The goals judged across runs (here the same run twice): each goal the
+    # run judged is a row with both runs' values, their median and the count.
+    run_json = str(stamped[0])
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "run.py"), "--across", run_json, run_json,
+         "--markdown"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    stamp = results["meta"]["timestamp"]
+    assert f"| target | point | {stamp} | {stamp} | median | goal |" in proc.stdout
+    rows = [line for line in proc.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| target")]
+    assert len(rows) == len(results["targets"])
+    for t, line in zip(results["targets"], rows, strict=True):
+        assert line.startswith(f"| {t['target']} | {t['point']} |"), (t, line)
+        if t["met"] is not None:
+            assert line.endswith("| yes | 2 of 2 |" if t["met"] else "| NO | 0 of 2 |"), line
+    assert "different code" not in proc.stdout  # one tree
+
 
 def test_the_writing_floor_logs_each_put_it_answers(tmp_path: Path) -> None:
     log = tmp_path / "records.log"
