@@ -15,3 +15,8 @@ cdef class Queries:
     cdef public long long total_jobs, job_timeouts, body_bytes, spilled_bytes
     cdef public long long ready_n, urgent_n, reserved_n, delayed_n, buried_n, waiting_n
     cdef public object on_body_dropped, _apply
+    # A reserve's and a grant's choice, from dispatch and the loop each
+    # command: C calls (the ints unannotated in queries.py: see storage/aof.pxd).
+    cpdef best_ready(self, cid, now)
+    cpdef next_grant(self, now)
+    cpdef _top_ready(self, Tube t)

@@ -133,7 +133,7 @@ class Queries:
             return None
         return self.jobs[next(iter(t.buried))]
 
-    def best_ready(self, cid: int, now: int) -> Job | None:
+    def best_ready(self, cid, now) -> Job | None:  # ints unannotated: queries.pxd
         """The job a reserve by `cid` gets now: lowest (pri, id) in unpaused watched tubes."""
         best: Job = None
         j: Job
@@ -200,7 +200,7 @@ class Queries:
         soonest = min(self.jobs[jid].deadline for jid in c.reserved)
         return now >= soonest - SAFETY_MARGIN
 
-    def next_grant(self, now: int) -> tuple[int, Job] | None:
+    def next_grant(self, now) -> tuple[int, Job] | None:  # unannotated: queries.pxd
         """(waiting conn, job) for the best job any waiter can take now, or None."""
         if not self.waiting_n:
             return None
