@@ -393,4 +393,3 @@ def render_across(judged: list[dict], metas: list[dict], markdown: bool) -> str:
     right = set(range(2, len(headers)))
     sep = "\n\n" if markdown else "\n"
     return sep.join(head) + "\n\n" + table(headers, rows, markdown, right) + "\n"
-

@@ -99,12 +99,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --render or --across: markdown")
     args = ap.parse_args(argv)
     if args.across:
-        runs = [json.loads(Path(p).read_text()) for p in args.across]
+        runs = [_load_run(ap, p) for p in args.across]
         judged = judge_across([_judged_now(r) for r in runs])
         print(render_across(judged, [r["meta"] for r in runs], args.markdown), end="")
         return 0
     if args.render:
-        results = json.loads(Path(args.render).read_text())
+        results = _load_run(ap, args.render)
         results["targets"] = _judged_now(results)
         print(render(results, markdown=args.markdown), end="")
         return 0
@@ -174,6 +174,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {out / (stamp + '.json')}, {out / (latest + '.json')}, "
           f"{out / (latest + '.md')} in {results['meta']['elapsed_s']:.0f} s")
     return 0
+
+
+def _load_run(ap: argparse.ArgumentParser, path: str) -> dict:
+    """A run's JSON (bench-results/*.json), or one line that says what is wrong."""
+    try:
+        results = json.loads(Path(path).read_text())
+    except OSError as e:
+        ap.error(f"cannot read {path}: {e.strerror}")
+    except ValueError:
+        results = None
+    if not (isinstance(results, dict) and "points" in results
+            and "timestamp" in (results.get("meta") or {})):
+        ap.error(f"{path} is not a bench/run.py results file (bench-results/*.json)")
+    return results
 
 
 def _judged_now(results: dict) -> list[dict]:

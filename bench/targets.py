@@ -8,6 +8,8 @@ the broker's own cost, which does not depend on the machine the way ops/s do.
 
 from __future__ import annotations
 
+import statistics
+
 
 def _targets() -> tuple:
     """The goals as ratios smallstalk / beanstalkd in one run:
@@ -161,7 +163,6 @@ def ratios(servers: dict) -> dict:
             ("ops_per_sec", "server_cpu_us_per_op", "lat_p50_us", "lat_p99_us")}
 
 
-
 def _judged_value(t: dict):
     """What a goal is judged on: ms beyond `import trio` for spawn, else the ratio."""
     return t["beyond_trio_ms"] if "beyond_trio_ms" in t else t["ratio"]
@@ -173,28 +174,20 @@ def judge_across(runs: list[list[dict]]) -> list[dict]:
     shared machine one run's point can move by tens of per cent (a
     neighbour's burst in one server's round): the median of a few runs says
     more than any one of them. Goals missing from a run count as unmeasured
-    there."""
-    order: list[tuple[str, str]] = []
+    there; the rows keep the order the goals first appear in."""
     by_key: dict[tuple[str, str], list] = {}
     goals: dict[tuple[str, str], str] = {}
     for i, targets in enumerate(runs):
         for t in targets:
             key = (t["target"], t["point"])
-            if key not in by_key:
-                order.append(key)
-                by_key[key] = [None] * len(runs)
-            by_key[key][i] = _judged_value(t)
+            by_key.setdefault(key, [None] * len(runs))[i] = _judged_value(t)
             goals[key] = t["goal"]
     out = []
-    for key in order:
-        values = by_key[key]
+    for key, values in by_key.items():
         cmp, number = goals[key].split()[:2]
         goal = float(number)
-        known = sorted(v for v in values if v is not None)
-        median = None
-        if known:
-            mid = len(known) // 2
-            median = known[mid] if len(known) % 2 else (known[mid - 1] + known[mid]) / 2
+        known = [v for v in values if v is not None]
+        median = statistics.median(known) if known else None
         out.append({"target": key[0], "point": key[1], "values": values, "median": median,
                     "goal": goals[key], "met": _met(median, goal, cmp),
                     "met_runs": sum(1 for v in known if _met(v, goal, cmp)),

@@ -13,7 +13,7 @@ cdef class MutationLoop(Roles):
     cdef _turn_ended(self)
     cdef _alarm_earlier(self, tops)
     # The poller's end of a pass, each wake-up.
-    cpdef bint end_batch_now(self)
+    cpdef tuple end_batch_now(self)
     # Dispatch's everyday calls (declared on roles.pxd's Roles).
     cpdef log_put(self, conn, str tube, pri, delay, ttr, bytes body)
     cpdef log_put_unique(self, conn, str tube, str key, unique_for, keys_max, pri, delay, ttr,

@@ -130,7 +130,6 @@ class MutationLoop(Roles):
         self._waits_turn = False  # it sleeps until a running turn ends
         self._turning = False  # a turn is running (it may await: one at a time)
         self.batching = False
-        self._batch_waits = None  # a poller's turn whose commit waits: (calls, timer tops)
         # Sessions that used up their slice of a turn with commands left: they
         # go on next turn, which starts without waiting for input.
         self.runnable: dict[int, Session] = {}
@@ -451,30 +450,30 @@ class MutationLoop(Roles):
         poller's task (a wake-up of the loop task saved per pass). The loop
         task still runs the turns of everything else, one turn at a time.
         The poller calls its two halves, `end_batch_now` and, where that
-        declines, `end_batch_wait`: most passes then cost no coroutine."""
-        if not self.end_batch_now():
-            await self.end_batch_wait()
+        hands back a turn, `end_batch_wait`: most passes then cost no coroutine."""
+        waiting = self.end_batch_now()
+        if waiting is not None:
+            await self.end_batch_wait(waiting)
 
-    def end_batch_now(self) -> bool:
-        """`end_batch` where its turn need not wait: True, done. False: the
-        turn ran up to a commit that must wait; the caller awaits
+    def end_batch_now(self) -> tuple | None:
+        """`end_batch` where its turn need not wait: None, done. Else the
+        turn, run up to a commit that must wait: the caller passes it to
         `end_batch_wait`, which ends it."""
         self.batching = False
         if self._turning:
-            return True  # the running turn's end wakes the loop task for this input
+            return None  # the running turn's end wakes the loop task for this input
         if not self._inbox:
-            return True
+            return None
         tops = timers.heap_tops(self.state)
         calls = self._turn_on_inbox_now()
         if calls is not None:
-            self._batch_waits = (calls, tops)
-            return False
+            return calls, tops
         self._alarm_earlier(tops)
-        return True
+        return None
 
-    async def end_batch_wait(self) -> None:
-        calls, tops = self._batch_waits
-        self._batch_waits = None
+    async def end_batch_wait(self, waiting: tuple) -> None:
+        """End the turn `end_batch_now` handed back: its commit, then the alarm."""
+        calls, tops = waiting
         await self._finish_turn(calls)
         self._alarm_earlier(tops)
 

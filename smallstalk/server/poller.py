@@ -40,9 +40,9 @@ class Batcher(Protocol):
 
     def begin_batch(self) -> None: ...
 
-    def end_batch_now(self) -> bool: ...
+    def end_batch_now(self) -> tuple | None: ...
 
-    async def end_batch_wait(self) -> None: ...
+    async def end_batch_wait(self, waiting: tuple) -> None: ...
 
 
 def available() -> bool:
@@ -81,7 +81,8 @@ class Poller:
                     on_readable = conns.get(fd)
                     if on_readable is not None:
                         on_readable()
-                if not batcher.end_batch_now():  # most passes: no coroutine
-                    await batcher.end_batch_wait()
+                waiting = batcher.end_batch_now()
+                if waiting is not None:  # most passes: none, and no coroutine
+                    await batcher.end_batch_wait(waiting)
         finally:
             ep.close()

@@ -6,6 +6,7 @@ with how many runs met each goal beside it."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -82,3 +83,16 @@ def test_the_table_names_each_run_and_says_when_they_measured_different_code() -
     assert "different code" not in text
     metas[1] = _meta("B", "2222")
     assert "different code" in render.render_across(judged, metas, markdown=False)
+
+
+def test_a_file_that_is_no_run_gets_one_line(tmp_path: Path) -> None:
+    """`--across` (and `--render`) name the file and say what it should be."""
+    other = tmp_path / "other.json"
+    other.write_text('{"not": "a run"}')
+    for args, says in ((["--across", str(tmp_path / "missing.json")], "cannot read"),
+                       (["--across", str(other)], "is not a bench/run.py results file"),
+                       (["--render", str(other)], "is not a bench/run.py results file")):
+        proc = subprocess.run([sys.executable, str(BENCH / "run.py"), *args],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
