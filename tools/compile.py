@@ -49,10 +49,11 @@ COMPILED = ["smallstalk/core/model.py", "smallstalk/core/commands.py",
             "smallstalk/server/dispatch.py", "smallstalk/server/connection.py",
             "smallstalk/server/poller.py", "smallstalk/server/timers.py"]
 # Written for the compiled build alone, each the twin of code a pure module
-# keeps as the reference and falls back to without it: the everyday
-# records' CBOR (cbor2 in encoder.py) and a frame's header (struct and zlib
-# in aof.py), written in C.
-TWINS = ["smallstalk/storage/fixedcbor.pyx", "smallstalk/storage/framehead.pyx"]
+# keeps as the reference and falls back to without it: a tube's ready heap
+# (readyheap.py's list of ints), the everyday records' CBOR (cbor2 in
+# encoder.py) and a frame's header (struct and zlib in aof.py), written in C.
+TWINS = ["smallstalk/core/readyarray.pyx", "smallstalk/storage/fixedcbor.pyx",
+         "smallstalk/storage/framehead.pyx"]
 
 
 def _copy_package(out: Path) -> None:

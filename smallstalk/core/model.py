@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections import deque
 from types import SimpleNamespace
 
+from smallstalk.core.readyheap import M32, M64, ReadyHeap  # noqa: F401 (M64 re-exported)
+
 # The compiled build's class decorators (tools/compile.py): Cython reads
 # `import cython` when it compiles this module. Run, that import would load
 # Cython wherever it is installed (~19 ms of every start), so the pure build
@@ -40,8 +42,6 @@ class StateError(Exception):
 # its delay and, while reserved, its reserver.
 ZERO_COUNTS = (0, 0, 0, 0, 0, 0, 0)
 RESERVER = 6  # where `counts` holds the reserver (hot paths read it without the property)
-M32 = (1 << 32) - 1
-M64 = (1 << 64) - 1
 
 
 def _counter(i: int) -> property:
@@ -132,14 +132,6 @@ def body_len(body: bytes | int) -> int:
     return body & M32 if isinstance(body, int) else len(body)
 
 
-def ready_key(j: Job) -> int:
-    """A ready-heap entry: one int ordered by (pri, id), carrying the job's gen.
-
-    An int instead of a (pri, id, gen) tuple saves ~30 bytes per ready job.
-    """
-    return (j.pri << 96) | (j.id << 32) | (j.gen & M32)
-
-
 class Tube:
     __slots__ = (
         "name", "ready", "delayed", "buried", "ready_n", "urgent_n", "reserved_n",
@@ -150,7 +142,7 @@ class Tube:
 
     def __init__(self, name: str):
         self.name = name
-        self.ready: list = []  # heap of ready_key ints: (pri, id, gen) packed
+        self.ready = ReadyHeap()  # (pri, id, gen) entries (core/readyheap.py)
         self.delayed: list = []  # heap of (deadline, id, gen)
         self.buried: dict[int, None] = {}  # ids, FIFO (no jobs: see Job)
         self.ready_n = self.urgent_n = self.reserved_n = self.delayed_n = self.jobs_n = 0

@@ -27,7 +27,6 @@ from smallstalk.core.model import (
     Tube,
     body_len,
     fanout_parent,
-    ready_key,
     share,
     swap_remove,
 )
@@ -160,7 +159,7 @@ class Moves(Queries):
         t: Tube = j.tube
         j.state = READY
         j.deadline = 0  # meaningful only while delayed or reserved
-        heappush(t.ready, ready_key(j))
+        t.ready.push(j.pri, j.id, j.gen)
         if self.expires and j.id in self.expires:
             heappush(self.expiry_heap, (self.expires[j.id], j.id, j.gen))
         t.ready_n += 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Sequence
 from heapq import heapify, heappop, heappush
 
 from smallstalk.core.model import (
@@ -27,7 +28,7 @@ from smallstalk.core.model import (
 )
 
 
-def _heap_walk(heap: list, cursor, count: int, live) -> list:
+def _heap_walk(heap: Sequence, cursor, count: int, live) -> list:
     """Up to `count` live entries of a heap greater than `cursor`, ascending,
     visiting only the entries before them (best-first over the heap's tree)."""
     out: list = []
@@ -77,11 +78,10 @@ class Queries:
         jobs = self.jobs
         j: Job
         while heap:
-            key = heap[0]
-            j = jobs.get((key >> 32) & M64)
-            if j is not None and (j.gen & M32) == (key & M32) and j.state == READY:
+            j = jobs.get(heap.top_id())
+            if j is not None and j.state == READY and heap.top_has_gen(j.gen):
                 return j
-            heappop(heap)
+            heap.drop_top()
         return None
 
     def _heap_top(self, heap: list, *states: int) -> Job | None:

@@ -53,6 +53,7 @@ from smallstalk.core.model import (
     Conn,
     Job,
     Limit,
+    ReadyHeap,
     StateError,
     Tube,
     body_len,
@@ -175,7 +176,7 @@ class State(Moves):
             return
         # _enter_ready for a new job: state READY, deadline 0 and gen 0 are
         # Job's defaults, and no expiry (a Put has none; the id is new).
-        heappush(t.ready, (pri << 96) | (id << 32))
+        t.ready.push(pri, id, 0)
         t.ready_n += 1
         self.ready_n += 1
         if pri < URGENT_THRESHOLD:
@@ -629,14 +630,12 @@ class State(Moves):
         def live(heap: list, st: int, count: int) -> list:
             return heap if len(heap) <= 2 * count + 1024 else self.live_entries(heap, st)
 
-        def live_ready(heap: list, count: int) -> list:
+        def live_ready(heap: ReadyHeap, count: int) -> ReadyHeap:
             if len(heap) <= 2 * count + 1024:
                 return heap
-            kept = [k for k in heap
-                    if (j := jobs.get((k >> 32) & M64)) is not None
-                    and (j.gen & M32) == (k & M32) and j.state == READY]
-            heapify(kept)
-            return kept
+            return ReadyHeap(k for k in heap
+                             if (j := jobs.get((k >> 32) & M64)) is not None
+                             and (j.gen & M32) == (k & M32) and j.state == READY)
 
         self.ttr_heap = live(self.ttr_heap, RESERVED, self.reserved_n)
         if len(self.expiry_heap) > 2 * (self.ready_n + self.delayed_n) + 1024:

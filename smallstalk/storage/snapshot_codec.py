@@ -102,18 +102,17 @@ def load(items: Iterable[list]) -> State:
     s.tube_order.clear()
     s.fanout.clear()
     jobs = s.jobs
-    ready_keys: dict[Tube, list[int]] = {}
     tubes = s.tubes
     expires = s.expires
     expiry_heap = s.expiry_heap
     new_job = new_bare_job
     ints = s.ints
     last_created = None
-    # Jobs come in runs of one tube: the tube and its ready keys are looked
-    # up when the name changes. Any other item may change the tubes.
+    # Jobs come in runs of one tube: the tube is looked up when the name
+    # changes. Any other item may change the tubes.
     t: Tube = None
     j: Job
-    last_tube = keys = None
+    last_tube = None
     # The bulk of a big snapshot is job items: this loop is the restart time
     # (see the README's start-up row), so it stays flat and call-free.
     for item in items:
@@ -129,9 +128,6 @@ def load(items: Iterable[list]) -> State:
             if tube != last_tube or last_tube is None:
                 t = tubes[tube]
                 last_tube = tube
-                keys = ready_keys.get(t)
-                if keys is None:
-                    keys = ready_keys[t] = []
             j = new_job(Job)  # Job.__init__, inlined as in apply_put
             j.id = jid
             j.tube = t
@@ -165,8 +161,8 @@ def load(items: Iterable[list]) -> State:
                 t.bytes_n += n
                 t.spilled_n += n
             if st == READY:
-                # Collect keys, heapify once below (ready_n from their count).
-                keys.append((pri << 96) | (jid << 32))
+                # Unordered, one heapify below (ready_n from their count).
+                t.ready.add_unordered(pri, jid, 0)
                 if pri < URGENT_THRESHOLD:
                     t.urgent_n += 1
                 if exp:
@@ -188,9 +184,6 @@ def load(items: Iterable[list]) -> State:
                 if tube != last_tube or last_tube is None:
                     t = tubes[tube]
                     last_tube = tube
-                    keys = ready_keys.get(t)
-                    if keys is None:
-                        keys = ready_keys[t] = []
                 j = new_job(Job)  # Job.__init__, inlined as in apply_put
                 j.id = jid
                 j.tube = t
@@ -215,8 +208,8 @@ def load(items: Iterable[list]) -> State:
                     t.bytes_n += n
                     t.spilled_n += n
                 if st == READY:
-                    # Collect keys, heapify once below (ready_n from their count).
-                    keys.append((pri << 96) | (jid << 32))
+                    # Unordered, one heapify below (ready_n from their count).
+                    t.ready.add_unordered(pri, jid, 0)
                     if pri < URGENT_THRESHOLD:
                         t.urgent_n += 1
                     if exp:
@@ -271,11 +264,10 @@ def load(items: Iterable[list]) -> State:
              s.job_timeouts) = item
         else:
             raise StateError(f"unknown snapshot item {kind!r}")
-    for t, keys in ready_keys.items():  # fresh jobs: state READY, gen 0, as keyed
-        t.ready.extend(keys)
-        heapq.heapify(t.ready)
-        t.ready_n += len(keys)
-        s.ready_n += len(keys)
+    for t in tubes.values():  # every ready entry is a fresh job's, added above
+        t.ready.reorder()
+        t.ready_n = len(t.ready)
+        s.ready_n += t.ready_n
     s.urgent_n = sum(t.urgent_n for t in s.tubes.values())
     heapq.heapify(s.expiry_heap)
     s.body_bytes = sum(t.bytes_n for t in s.tubes.values())
