@@ -1,6 +1,7 @@
 # The compiled build's declarations (see core/model.pxd): the everyday
 # commands' handlers take the loop (its fields declared on roles.pxd's Roles),
 # the session and the command typed.
+from smallstalk.core cimport jobreply
 from smallstalk.core.commands cimport Delete, Put, PutUnique, Reserve
 from smallstalk.core.model cimport Conn, Job
 from smallstalk.core.state cimport State
@@ -11,3 +12,4 @@ cpdef put(Roles lp, Session s, Put cmd)
 cpdef put_unique(Roles lp, Session s, PutUnique cmd)
 cpdef reserve(Roles lp, Session s, Reserve cmd)
 cpdef delete(Roles lp, Session s, Delete cmd)
+cpdef bytes hand_out(Roles lp, cid, Job job)

@@ -31,6 +31,12 @@ from smallstalk.server.search import Searches
 from smallstalk.server.session import Session
 from smallstalk.storage.bodies import BodyError
 
+try:  # the compiled build's writer of INSERTED and RESERVED (core/jobreply.pyx)
+    from smallstalk.core import jobreply
+    FAST_REPLY = True
+except ImportError:  # the pure build: replies.py's formatting, inlined below
+    FAST_REPLY = False
+
 # The everyday handlers' answers and records by names of this module's own
 # (DELETED, NOT_FOUND... imported above): compiled, `p.DELETED` is a lookup in
 # another module on every use, a global of this one is looked up once.
@@ -107,6 +113,8 @@ def put(lp: Loop, s: Session, cmd: p.Put):
     if pol.plain and not children and not cmd.max_age:
         # The common case: a plain, format-1 Put record (its id taken there).
         job_id = lp.log_put(s.id, tube, cmd.pri, cmd.delay, cmd.ttr, cmd.body)
+        if FAST_REPLY:
+            return jobreply.inserted(job_id)
         return b"INSERTED %d\r\n" % job_id  # p.inserted(job_id), inlined
     return _put_with_policy(lp, s, cmd, tube, pol, children or [])
 
@@ -181,6 +189,8 @@ def put_unique(lp: Loop, s: Session, cmd: p.PutUnique):
         # The common case, without _put_with_policy's decisions: one job, no drops.
         job_id = lp.log_put_unique(s.id, tube, cmd.key, pol.unique_for, pol.unique_keys_max,
                                    cmd.pri, cmd.delay, cmd.ttr, cmd.body)
+        if FAST_REPLY:
+            return jobreply.inserted(job_id)
         return b"INSERTED %d\r\n" % job_id
     return _put_with_policy(lp, s, cmd, tube, pol, children or [])
 
@@ -223,13 +233,7 @@ def reserve(lp: Loop, s: Session, cmd: p.Reserve):
     # DEADLINE_SOON: that check waits until there is none.
     job: Job = st.best_ready(s.id, now)
     if job is not None:
-        lp.log_job(RESERVE_RECORD, s.id, job.id)
-        body = job.body
-        if type(body) is not bytes:
-            body = lp.body_of(job)
-        # p.reserved(job.id, body), inlined: an interpreted function's frame
-        # costs more than the formatting.
-        return b"RESERVED %d %d\r\n%s\r\n" % (job.id, len(body), body)
+        return hand_out(lp, s.id, job)
     # has_ready first: deadline_soon looks at every job the connection holds
     # (a worker that pipelines reserves would pay it once per reserve).
     if not st.has_ready(s.id) and st.deadline_soon(s.id, now):
@@ -257,6 +261,19 @@ def reserve_batch(lp: Loop, s: Session, cmd: p.ReserveBatch):
     s.batch = cmd.count
     st.start_wait(s.id, lp.now + cmd.timeout * NS)
     return BLOCK
+
+
+def hand_out(lp: Loop, cid, job: Job) -> bytes:  # cid unannotated: dispatch.pxd
+    """Reserve `job` for `cid` and answer RESERVED with its body: a reserve
+    that finds a job, and the loop's grant to a waiting one. A body that
+    cannot be read raises BodyError after the record (the TTR gives it back)."""
+    lp.log_job(RESERVE_RECORD, cid, job.id)
+    body = job.body
+    if type(body) is not bytes:
+        body = lp.body_of(job)
+    if FAST_REPLY:
+        return jobreply.reserved(job.id, body)
+    return b"RESERVED %d %d\r\n%s\r\n" % (job.id, len(body), body)  # p.reserved's
 
 
 def batch_reply(lp: Loop, cid: int, job, count: int) -> bytes:

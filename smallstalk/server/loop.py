@@ -753,8 +753,7 @@ class MutationLoop(Roles):
                     if s.batch:
                         reply, s.batch = dispatch.batch_reply(self, cid, job, s.batch), 0
                     else:
-                        self.log_job(r.Reserve, cid, job.id)
-                        reply = p.reserved(job.id, self.body_of(job))
+                        reply = dispatch.hand_out(self, cid, job)
                 except BodyError as e:
                     log.error("answering INTERNAL_ERROR: %s", e)
                     reply = p.INTERNAL_ERROR
