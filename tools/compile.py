@@ -50,11 +50,13 @@ COMPILED = ["smallstalk/core/model.py", "smallstalk/core/commands.py",
             "smallstalk/server/poller.py", "smallstalk/server/timers.py"]
 # Written for the compiled build alone, each the twin of code a pure module
 # keeps as the reference and falls back to without it: the INSERTED and
-# RESERVED replies (replies.py's formatting), a tube's ready heap
+# RESERVED replies (replies.py's formatting), a keyed put's key (parser.py's
+# regex), a tube's ready heap
 # (readyheap.py's list of ints), the everyday records' CBOR (cbor2 in
 # encoder.py) and a frame's header (struct and zlib in aof.py), written in C.
-TWINS = ["smallstalk/core/jobreply.pyx", "smallstalk/core/readyarray.pyx",
-         "smallstalk/storage/fixedcbor.pyx", "smallstalk/storage/framehead.pyx"]
+TWINS = ["smallstalk/core/jobreply.pyx", "smallstalk/core/keyscan.pyx",
+         "smallstalk/core/readyarray.pyx", "smallstalk/storage/fixedcbor.pyx",
+         "smallstalk/storage/framehead.pyx"]
 
 
 def _copy_package(out: Path) -> None:

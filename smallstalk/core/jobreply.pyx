@@ -9,7 +9,7 @@ arguments' tuple, the format string's parse, an int object's decimal form).
 replies.py exports these in place of its own where they are built, and
 server/dispatch.py calls them as C functions. Not built by `pip install`;
 tools/compile.py builds it with the compiled modules, and
-tests/unit/test_replies_twin.py holds both builds to the reference."""
+tests/unit/test_twins.py holds both builds to the reference."""
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.string cimport memcpy

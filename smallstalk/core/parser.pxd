@@ -2,6 +2,7 @@
 # read by no one else, so compiling it costs nothing at its boundary. The
 # everyday commands it makes are extension types (commands.pxd).
 cimport cython
+from smallstalk.core cimport keyscan
 from smallstalk.core.commands cimport Bury, Delete, Put, PutUnique, Release, Reserve, Touch
 
 cdef class Parser:
@@ -10,7 +11,7 @@ cdef class Parser:
     # The put (and keyed put) a fast path makes, typed (parser.py's annotations are not: see
     # its first line), so its fields are stored in the object; a read as
     # bytes, so its bytes and slices are read in place.
-    @cython.locals(put=Put, keyed=PutUnique)
+    @cython.locals(put=Put, keyed=PutUnique, n=Py_ssize_t, stop=Py_ssize_t, end=Py_ssize_t)
     cpdef take(self, bytes data)
     @cython.locals(same=Put)
     cpdef events(self)

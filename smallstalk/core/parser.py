@@ -3,10 +3,10 @@
 # take bytearray slices, which a typed argument would refuse.)
 """The beanstalkd text protocol as a pure state machine over bytes (no sockets, no trio).
 
-Theory of operation (in the manner of h11): a `Parser` is fed whatever bytes a
-socket produced (`feed`) and hands back complete events (`events`): a command
-object, or an `ErrorReply` carrying the exact bytes beanstalkd would answer for
-malformed input. Commands are in commands.py, replies in replies.py.
+Theory of operation (in the manner of h11): a `Parser` is fed whatever bytes a socket
+produced (`feed`) and hands back complete events (`events`): a command object, or an
+`ErrorReply` carrying the exact bytes beanstalkd would answer for malformed input.
+Commands are in commands.py, replies in replies.py.
 
 Rules kept here, taken from beanstalkd 1.12 (prot.c) and checked against the
 real server:
@@ -94,6 +94,11 @@ from smallstalk.core.replies import (
 )
 from smallstalk.core.search import ACTIONS, HOWS, PATTERN_MAX, SEARCH_PAGE_MAX
 
+try:  # the compiled build's scan of a keyed put's key (keyscan.pyx)
+    from smallstalk.core import keyscan
+    _KEY_SCAN = True
+except ImportError:  # the pure build: _PUT_UNIQUE_KEY, the reference
+    _KEY_SCAN = False
 LINE_MAX = 224  # bytes, including CRLF (beanstalkd's LINE_BUF_SIZE)
 # `put-unique <key> <pri> <delay> <ttr> <bytes>`: a 200-byte key and four
 # 10-digit numbers do not fit beanstalkd's line, so this command of our own
@@ -144,12 +149,10 @@ class _BadCounted(_Bad):
 
 _UINT = re.compile(rb" *([0-9]+)")
 _PUT = re.compile(rb"put +([0-9]+) +([0-9]+) +([0-9]+) +([0-9]+)")
-# The everyday put, whole line and CRLF, matched in the input buffer itself:
-# digits and single spaces hold no CR, so beanstalkd's line rules agree when
-# the line fits its window. Anything else takes the general path.
+# The everyday put, whole line and CRLF, matched in the input buffer itself: digits and
+# single spaces hold no CR, so beanstalkd's line rules agree when the line fits its window.
 _PUT_LINE = re.compile(rb"put ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1,10})\r\n")
-# What `Parser._last` holds before any put: a line and its true numbers (so
-# even input that repeats it gets the answer the regex path would give).
+# `Parser._last` before any put: a line and its true numbers (a repeat gets the regex's answer).
 _FIRST_PUT = (b"put 0 0 1 0\r\n", 0, 0, 1, 0)
 # ...and `Parser._last_unique` before any put-unique: what follows a key, likewise.
 _FIRST_UNIQUE = (b" 0 0 1 0\r\n", 0, 0, 1, 0)
@@ -597,24 +600,22 @@ class Parser:
 
         A read that is exactly one command, with nothing held before it (a
         request/response client's every read), is answered from `data` itself:
-        a repeat of the last put line with its body, a put-unique with its
-        body whose line after the key repeats the last put-unique's, or one
-        line whose only CR is its CRLF and that fits the window (so `events`
-        would find the same line end). Anything else, and a line that starts
-        a put, goes the general way (tests/unit/test_protocol.py holds the two
-        to the same events)."""
+        a repeat of the last put line with its body, a put-unique whose line after the
+        key repeats the last one's, or one line whose only CR is its CRLF and that fits
+        the window (so `events` would find the same line end). Anything else, and a
+        line that starts a put, goes the general way (tests/unit/test_protocol.py
+        holds the two to the same events)."""
         mode = self._mode
         if mode == _LINE and not self._buf:
             n = len(data)
             last = self._last
             line = last[0]
             stop = len(line)
-            # (Slices and indexes: startswith and endswith parse their
-            # arguments the slow way, and cost more than the compares.)
+            # (Slices and indexes: startswith and endswith parse their arguments slowly.)
             if n == stop + last[4] + 2 and data[-1] == 0x0A and data[-2] == 0x0D \
                     and data[:stop] == line:
-                # Put(last[1], last[2], last[3], body), without the call to
-                # __init__: cheaper interpreted, and compiled a direct allocation.
+                # Put(last[1], last[2], last[3], body) without __init__'s call: cheaper
+                # interpreted, and compiled a direct allocation.
                 put: Put = Put.__new__(Put)
                 put.pri, put.delay, put.ttr = last[1], last[2], last[3]
                 put.body = data[stop:n - 2]
@@ -623,10 +624,13 @@ class Parser:
             if n > 11 and data[3] == 0x2D and data[-1] == 0x0A:
                 # A put-unique with its body: a new key each time, and the rest
                 # of the line (numbers, CRLF) most often the last one's.
-                m = _PUT_UNIQUE_KEY.match(data)
-                if m is not None:
+                if _KEY_SCAN:
+                    end = keyscan.key_end(data, 11) if data[:11] == _PUT_UNIQUE else 11
+                else:
+                    m = _PUT_UNIQUE_KEY.match(data)
+                    end = m.end() if m is not None else 11
+                if end > 11:  # a key
                     rest, pri, delay, ttr, size = self._last_unique
-                    end = m.end()
                     stop = end + len(rest)
                     if n == stop + size + 2 and data[-2] == 0x0D and data[end:stop] == rest:
                         keyed: PutUnique = PutUnique.__new__(PutUnique)  # as Put's, above
