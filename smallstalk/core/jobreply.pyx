@@ -6,8 +6,9 @@ one new bytes object, the ints' digits in C.
 `core/replies.py` is the reference and what the pure build runs (`%`
 formatting, which for these two is most of a reply's cost compiled: the
 arguments' tuple, the format string's parse, an int object's decimal form).
-replies.py exports these in place of its own where they are built, and
-server/dispatch.py calls them as C functions. Not built by `pip install`;
+Where they are built, server/dispatch.py calls them as C functions in
+place of that formatting (a put's INSERTED, a reserve's and a grant's
+RESERVED: `dispatch.hand_out`). Not built by `pip install`;
 tools/compile.py builds it with the compiled modules, and
 tests/unit/test_twins.py holds both builds to the reference."""
 

@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The compiled build's ready heap: `readyheap.py`'s ReadyHeap, the reference,
+"""The compiled build's ready heap: `readyheap.py`'s ListHeap, the reference,
 over a C array of 128-bit entries instead of a list of ints.
 
 An entry is the pure build's int split in two words, `hi = pri << 32 | id >>
