@@ -114,7 +114,8 @@ def load(items: Iterable[list]) -> State:
     j: Job
     last_tube = None
     # The bulk of a big snapshot is job items: this loop is the restart time
-    # (see the README's start-up row), so it stays flat and call-free.
+    # (see the README's start-up row), so it stays flat, its only call a
+    # ready job's `add_unordered` (a C call in the compiled build).
     for item in items:
         kind = item[0]
         if kind == "job":
