@@ -9,8 +9,12 @@ cdef class TubeKeys:
     cpdef object holder(self, str key, now)
     cpdef prune(self, now)
 
+cdef class KeyHold:
+    cdef public str tube, key
+    cdef public object seq
+
 cdef class KeyIndex:
-    cdef public dict tubes, of_job, put_seqs
+    cdef public dict tubes, of_job
     cpdef object find(self, str tube, str key, now)
     cpdef add(self, str tube, str key, jid, window, keys_max, now, seq=*)
     cpdef release(self, jid, now)

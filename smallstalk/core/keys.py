@@ -18,7 +18,15 @@ and tells it of every job that goes (`release`); the mutation loop asks it
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from smallstalk.core.model import StateError
+
+# The compiled build's class decorators, as in core/model.py (the import is for
+# the compiler's eyes only).
+cython = SimpleNamespace(no_gc=lambda cls: cls, cclass=lambda cls: cls)
+if not cython:  # never true
+    import cython
 
 
 class TubeKeys:
@@ -39,9 +47,10 @@ class TubeKeys:
         jid = self.live.get(key)
         if jid is not None:
             return jid
-        held = self.gone.get(key)
-        if held is not None and now < held[1]:
-            return held[0]
+        if self.gone:  # most tubes' keys are all live: no lookup of an empty dict
+            held = self.gone.get(key)
+            if held is not None and now < held[1]:
+                return held[0]
         return None
 
     def prune(self, now) -> None:
@@ -57,20 +66,37 @@ class TubeKeys:
             self.dropped_n += 1
 
 
+@cython.no_gc
+@cython.cclass
+class KeyHold:
+    """What a keyed job that exists was put with: its tube, its key, and the
+    seq of the put's record (0 for a job loaded from a snapshot, which does
+    not keep it). Two strs and an int refer to nothing, so the compiled build
+    leaves it out of the cyclic collector (`no_gc`, as core/model.py's Job): a
+    keyed put otherwise adds one object to the collector's youngest
+    generation, and a collection every few hundred puts walks them."""
+
+    __slots__ = ("tube", "key", "seq")
+
+    def __init__(self, tube: str, key: str, seq) -> None:
+        self.tube = tube
+        self.key = key
+        self.seq = seq
+
+
 class KeyIndex:
     """Every tube's keys, and the key of each keyed job that exists."""
 
-    __slots__ = ("tubes", "of_job", "put_seqs")
+    __slots__ = ("tubes", "of_job")
 
     def __init__(self) -> None:
         # Kept apart from the tubes: a tube is dropped when it holds no job,
         # but the keys of its deleted jobs must outlive it.
         self.tubes: dict[str, TubeKeys] = {}
-        self.of_job: dict[int, tuple[str, str]] = {}  # job id -> (tube, key)
-        # job id -> seq of the keyed put that made it, for the jobs put since this
-        # state was loaded (not in snapshots): under --min-replica-acks a repeat is
-        # answered only once a replica has that record (dispatch.put_unique).
-        self.put_seqs: dict[int, int] = {}
+        # job id -> its KeyHold. The put's seq is there because under
+        # --min-replica-acks a repeat is answered only once a replica has that
+        # record (dispatch.put_unique).
+        self.of_job: dict[int, KeyHold] = {}
 
     def find(self, tube: str, key: str, now) -> int | None:
         """The id of the job `key` made in `tube`, if a put with it now changes nothing."""
@@ -79,11 +105,13 @@ class KeyIndex:
 
     def key_of(self, jid: int) -> tuple[str, str] | None:
         """(tube, key) of a job that was put with a key and still exists."""
-        return self.of_job.get(jid)
+        held: KeyHold = self.of_job.get(jid)
+        return None if held is None else (held.tube, held.key)
 
     def put_seq(self, jid: int) -> int:
         """The seq of the put that made keyed job `jid` (0: loaded from a snapshot)."""
-        return self.put_seqs.get(jid, 0)
+        held: KeyHold = self.of_job.get(jid)
+        return 0 if held is None else held.seq
 
     def add(self, tube: str, key: str, jid, window, keys_max, now, seq=0) -> None:
         """A keyed put made job `jid` at `now`. Raises StateError, changing
@@ -96,7 +124,8 @@ class KeyIndex:
         if k is None:
             k = self.tubes[tube] = TubeKeys()
         else:
-            if k.holder(key, now) is not None:
+            live: dict = k.live  # k.holder(key, now), inlined (typed: a direct call)
+            if key in live or (k.gone and k.holder(key, now) is not None):
                 raise StateError(f"key {key!r} of tube {tube!r} is taken: "
                                  "the put was a duplicate")
             if k.gone:
@@ -104,19 +133,18 @@ class KeyIndex:
         k.window = window
         k.keys_max = keys_max
         k.live[key] = jid
-        self.of_job[jid] = (tube, key)
-        if seq:
-            self.put_seqs[jid] = seq
+        held: KeyHold = KeyHold.__new__(KeyHold)  # compiled, a direct allocation
+        held.tube, held.key, held.seq = tube, key, seq
+        self.of_job[jid] = held
         if k.gone:  # k.prune(now), when there is anything to prune
             k.prune(now)
 
     def release(self, jid, now) -> None:
         """Job `jid` is gone at `now`: its key, if any, is retained for the window."""
-        held = self.of_job.pop(jid, None)
+        held: KeyHold = self.of_job.pop(jid, None)
         if held is None:
             return
-        self.put_seqs.pop(jid, None)
-        tube, key = held
+        tube, key = held.tube, held.key
         k: TubeKeys = self.tubes[tube]
         del k.live[key]
         if k.window > 0:
@@ -134,7 +162,7 @@ class KeyIndex:
         k.window, k.keys_max, k.dropped_n = window, keys_max, dropped_n
         for key, jid in live:
             k.live[key] = jid
-            self.of_job[jid] = (tube, key)
+            self.of_job[jid] = KeyHold(tube, key, 0)
         for key, jid, until in gone:
             k.gone[key] = (jid, until)
 
@@ -148,9 +176,8 @@ class KeyIndex:
             assert k.live or k.gone or k.dropped_n, tube
             assert len(k.gone) <= k.keys_max, tube
             for key, jid in k.live.items():
-                assert self.of_job.get(jid) == (tube, key), (tube, key)
+                assert self.key_of(jid) == (tube, key), (tube, key)
                 assert jid in job_ids, (tube, key, jid)
                 assert key not in k.gone, (tube, key)
             live += len(k.live)
         assert live == len(self.of_job)
-        assert self.put_seqs.keys() <= self.of_job.keys()

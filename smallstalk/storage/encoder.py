@@ -19,7 +19,7 @@ try:  # the compiled build's writer of these records (fixedcbor.pyx)
 except ImportError:  # the pure build: cbor2 alone
     FIXED = False
 
-PUT = r.Put.CODE
+PUT, PUT_UNIQUE_ONE = r.Put.CODE, r.PUT_UNIQUE_ONE  # (compiled, a module's attribute is a lookup)
 RESERVE, DELETE = r.Reserve, r.Delete
 RESERVE_CODE, DELETE_CODE = r.Reserve.CODE, r.Delete.CODE
 
@@ -69,13 +69,13 @@ class LiveEncoder:
         """`records.encode(PutUnique(...))` of the everyday keyed put: one job, in the
         tube put into, nothing dropped, no expiry (the record's compact form)."""
         if FIXED:
-            out = fixedcbor.put_unique(r.PUT_UNIQUE_ONE, seq, time, conn, tube, key,
+            out = fixedcbor.put_unique(PUT_UNIQUE_ONE, seq, time, conn, tube, key,
                                        unique_for, keys_max, id, pri, delay, ttr, body)
             if out is not None:
                 return out
         buf = self._buf
         buf.seek(0)
         buf.truncate()
-        self._enc.encode([r.PUT_UNIQUE_ONE, seq, time, conn, tube, key, unique_for, keys_max,
+        self._enc.encode([PUT_UNIQUE_ONE, seq, time, conn, tube, key, unique_for, keys_max,
                           id, pri, delay, ttr, body])
         return buf.getvalue()
