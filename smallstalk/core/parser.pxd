@@ -10,8 +10,10 @@ cdef class Parser:
     cdef public object _last_unique
     # The put (and keyed put) a fast path makes, typed (parser.py's annotations are not: see
     # its first line), so its fields are stored in the object; a read as
-    # bytes, so its bytes and slices are read in place.
-    @cython.locals(put=Put, keyed=PutUnique, n=Py_ssize_t, stop=Py_ssize_t, end=Py_ssize_t)
+    # bytes, so its bytes are read in place, and as a char pointer (`raw`), whose
+    # slices are made without the slice object and two ints Cython's bytes slice makes.
+    @cython.locals(put=Put, keyed=PutUnique, n=Py_ssize_t, stop=Py_ssize_t, end=Py_ssize_t,
+                   raw="const char*")
     cpdef take(self, bytes data)
     @cython.locals(same=Put)
     cpdef events(self)

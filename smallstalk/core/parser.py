@@ -8,8 +8,7 @@ produced (`feed`) and hands back complete events (`events`): a command object, o
 `ErrorReply` carrying the exact bytes beanstalkd would answer for malformed input.
 Commands are in commands.py, replies in replies.py.
 
-Rules kept here, taken from beanstalkd 1.12 (prot.c) and checked against the
-real server:
+Rules kept here, taken from beanstalkd 1.12 (prot.c) and checked against the real server:
 
 - A command line ends with CRLF and is at most 224 bytes including it. A longer
   line is discarded in 224-byte windows up to its CRLF and answered BAD_FORMAT;
@@ -611,45 +610,46 @@ class Parser:
             last = self._last
             line = last[0]
             stop = len(line)
-            # (Slices and indexes: startswith and endswith parse their arguments slowly.)
+            raw = data  # compiled, a char pointer: its slices are bytes made in place
             if n == stop + last[4] + 2 and data[-1] == 0x0A and data[-2] == 0x0D \
-                    and data[:stop] == line:
+                    and raw[:stop] == line:
                 # Put(last[1], last[2], last[3], body) without __init__'s call: cheaper
                 # interpreted, and compiled a direct allocation.
                 put: Put = Put.__new__(Put)
                 put.pri, put.delay, put.ttr = last[1], last[2], last[3]
-                put.body = data[stop:n - 2]
+                put.body = raw[stop:n - 2]
                 put.max_age = 0
                 return [put], 0
             if n > 11 and data[3] == 0x2D and data[-1] == 0x0A:
                 # A put-unique with its body: a new key each time, and the rest
                 # of the line (numbers, CRLF) most often the last one's.
                 if _KEY_SCAN:
-                    end = keyscan.key_end(data, 11) if data[:11] == _PUT_UNIQUE else 11
+                    end = keyscan.key_end(data, 11) if raw[:11] == _PUT_UNIQUE else 11
                 else:
                     m = _PUT_UNIQUE_KEY.match(data)
                     end = m.end() if m is not None else 11
                 if end > 11:  # a key
                     rest, pri, delay, ttr, size = self._last_unique
                     stop = end + len(rest)
-                    if n == stop + size + 2 and data[-2] == 0x0D and data[end:stop] == rest:
+                    if n == stop + size + 2 and data[-2] == 0x0D and raw[end:stop] == rest:
                         keyed: PutUnique = PutUnique.__new__(PutUnique)  # as Put's, above
-                        keyed.key = data[11:end].decode("ascii")
+                        keyed.key = raw[11:end].decode("ascii")
                         keyed.pri, keyed.delay, keyed.ttr = pri, delay, ttr
-                        keyed.body = data[stop:n - 2]
+                        keyed.body = raw[stop:n - 2]
                         return [keyed], 0
             elif 1 < n <= LINE_MAX and data[-1] == 0x0A and data[-2] == 0x0D:
-                exact = _EXACT_READS.get(data)  # a worker's `reserve`, each time
-                if exact is not None:
-                    return [exact], 0
-                if data[0] == 0x64 and data[:7] == b"delete ":
-                    # A worker's every other line: parse_line's way to it
-                    # (the exact lines' lookup, a partition, the argument
-                    # parsers' table) costs more than its own parse.
-                    rest = data[7:-2]
+                if n > 9 and data[0] == 0x64 and raw[:7] == b"delete ":
+                    # A worker's every other line, first: parse_line's way to it (the
+                    # exact lines' lookup, a partition, the argument parsers' table)
+                    # costs more than its own parse.
+                    rest = raw[7:n - 2]
                     if rest.isdigit() and len(rest) < 19:
                         return [Delete(int(rest))], 0
-                line = data[:-2]
+                # A worker's `reserve`, each time: compared, where the lookup hashes it.
+                exact = RESERVE if data == b"reserve\r\n" else _EXACT_READS.get(data)
+                if exact is not None:
+                    return [exact], 0
+                line = raw[:n - 2]
                 if 13 not in line:  # (a memchr: `find` parses its arguments first)
                     ev = parse_line(line, self.max_job_size)
                     if type(ev) is not _PutHeader:
