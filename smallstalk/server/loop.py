@@ -189,7 +189,7 @@ class MutationLoop(Roles):
         """A held session's replies drained (session.sent): run its commands again."""
         self._post(("run", s))
 
-    def submit(self, s: Session, events: list, size: int = 0) -> None:
+    def submit(self, s: Session, events: list, size=0) -> None:
         """Commands for the loop; `size` counts toward the session's backpressure."""
         s.inflight += size
         self._inbox.append(("cmds", s, events, size))  # _post, inlined

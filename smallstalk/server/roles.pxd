@@ -28,3 +28,5 @@ cdef class Roles:
                          bytes body)
     cpdef log_job(self, type cls, conn, job_id)
     cpdef body_of(self, job)
+    # A connection's commands (server/connection.py), on every read.
+    cpdef submit(self, Session s, list events, size=*)

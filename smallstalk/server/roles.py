@@ -44,7 +44,8 @@ class Roles:
     """The settings, role, lease and state-swap methods of `MutationLoop`."""
 
     # Defined by MutationLoop (loop.py). Declared on this root because
-    # dispatch sees the loop as one: compiled, its everyday calls are C calls.
+    # dispatch and a connection see the loop as one: compiled, their everyday
+    # calls are C calls.
     def log_put(self, conn, tube: str, pri, delay, ttr, body: bytes) -> int:
         raise NotImplementedError
 
@@ -56,6 +57,9 @@ class Roles:
         raise NotImplementedError
 
     def body_of(self, job) -> bytes:
+        raise NotImplementedError
+
+    def submit(self, s: Session, events: list, size=0) -> None:
         raise NotImplementedError
 
     def reload_config(self) -> str | None:
