@@ -20,4 +20,4 @@ cdef class MutationLoop(Roles):
                          bytes body)
     cpdef log_job(self, type cls, conn, job_id)
     cpdef body_of(self, job)
-    cpdef submit(self, Session s, list events, size=*)
+    cpdef submit(self, Session s, list events, long long size=*)

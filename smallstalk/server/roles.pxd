@@ -29,4 +29,4 @@ cdef class Roles:
     cpdef log_job(self, type cls, conn, job_id)
     cpdef body_of(self, job)
     # A connection's commands (server/connection.py), on every read.
-    cpdef submit(self, Session s, list events, size=*)
+    cpdef submit(self, Session s, list events, long long size=*)
