@@ -98,10 +98,13 @@ def evaluate_targets(rows: list[dict], rss: dict, startup: dict, handoff: dict |
                         "ratio": ratio, "goal": f"<= {goal}", "met": _met(ratio, goal, "<=")})
     for (mode, wl, conns), row in found.items():  # smallstalk against itself
         plain = found.get((mode, "put", conns))
-        if wl != "put-unique" or plain is None:
+        if wl != "put-unique" or (plain is None and "plain_put" not in row):
             continue
         keyed_us = _get(row, "smallstalk", "server_cpu_us_per_op")
-        plain_us = _get(plain, "smallstalk", "server_cpu_us_per_op")
+        if "plain_put" in row:  # measured in the keyed put's own rounds
+            plain_us = row["plain_put"].get("server_cpu_us_per_op")
+        else:  # a run from before the point had that slot: the put row's
+            plain_us = _get(plain, "smallstalk", "server_cpu_us_per_op")
         r = round(keyed_us / plain_us, 3) if keyed_us and plain_us else None
         out.append({"target": "keyed put CPU / plain put CPU", "point": f"{mode}/{wl}/{conns}",
                     "metric": "server_cpu_us_per_op", "smallstalk": keyed_us,
