@@ -567,7 +567,7 @@ class Parser:
     """
 
     __slots__ = ("_buf", "_mode", "_put", "_skip", "max_job_size", "_last", "_skip_reply",
-                 "_last_unique")
+                 "_last_unique", "_exact_read", "_exact_cmd")
 
     def __init__(self, max_job_size: int = DEFAULT_MAX_JOB_SIZE) -> None:
         self.max_job_size = max_job_size
@@ -576,11 +576,11 @@ class Parser:
         self._put: _PutHeader | None = None
         self._skip = 0  # body bytes still to throw away in _SKIP mode
         self._skip_reply: ErrorReply | None = None  # its answer, when not JOB_TOO_BIG
-        # The last everyday put line that passed, whole, and its numbers: a
-        # producer repeats it, and matching its bytes again skips the regex
-        # and the int conversions (about a third of parsing a put).
+        # The last everyday put line that passed, whole, and its numbers: a producer repeats
+        # it, and matching its bytes skips the regex and the ints (a third of a put's parse).
         self._last: tuple[bytes, int, int, int, int] = _FIRST_PUT
         self._last_unique: tuple[bytes, int, int, int, int] = _FIRST_UNIQUE
+        self._exact_read, self._exact_cmd = b"", None  # take's last exact read, likewise
 
     def buffered(self) -> int:
         """Bytes held that do not yet form a complete event."""
@@ -621,8 +621,7 @@ class Parser:
                 put.max_age = 0
                 return [put], 0
             if n > 11 and data[3] == 0x2D and data[-1] == 0x0A:
-                # A put-unique with its body: a new key each time, and the rest
-                # of the line (numbers, CRLF) most often the last one's.
+                # A put-unique with its body: a new key, the rest of the line most often the last's.
                 if _KEY_SCAN:
                     end = keyscan.key_end(data, 11) if raw[:11] == _PUT_UNIQUE else 11
                 else:
@@ -639,15 +638,16 @@ class Parser:
                         return [keyed], 0
             elif 1 < n <= LINE_MAX and data[-1] == 0x0A and data[-2] == 0x0D:
                 if n > 9 and data[0] == 0x64 and raw[:7] == b"delete ":
-                    # A worker's every other line, first: parse_line's way to it (the
-                    # exact lines' lookup, a partition, the argument parsers' table)
-                    # costs more than its own parse.
+                    # A worker's every other line, first: parse_line's way (the exact lines'
+                    # lookup, a partition, the argument parsers' table) costs more than this.
                     rest = raw[7:n - 2]
                     if rest.isdigit() and len(rest) < 19:
                         return [Delete(int(rest))], 0
-                # A worker's `reserve`, each time: compared, where the lookup hashes it.
-                exact = RESERVE if data == b"reserve\r\n" else _EXACT_READS.get(data)
+                # A worker repeats its reserve: compared with the last exact read, where
+                # the lookup would hash each new read.
+                exact = self._exact_cmd if data == self._exact_read else _EXACT_READS.get(data)
                 if exact is not None:
+                    self._exact_read, self._exact_cmd = data, exact
                     return [exact], 0
                 line = raw[:n - 2]
                 if 13 not in line:  # (a memchr: `find` parses its arguments first)

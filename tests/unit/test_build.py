@@ -190,3 +190,7 @@ def test_a_job_is_never_in_a_reference_cycle() -> None:
             assert not isinstance(x, model.Job), f"job {job.id} reaches job {x.id}"
             todo.extend(gc.get_referents(x))
         assert gc.is_tracked(job) is (BUILD != "compiled")
+    # A keyed job's KeyHold (core/keys.py) likewise: two strs and an int.
+    held = st.keys.of_job[11]
+    assert (held.tube, held.key, st.keys.put_seq(11)) == ("b", "k", 10)
+    assert gc.is_tracked(held) is (BUILD != "compiled")

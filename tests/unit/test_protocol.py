@@ -384,6 +384,8 @@ _one_read = st.builds(
           b"delete 5\x00\r\n", b"delete 5\n", b"delete 0\r\n", b"delete\r\n"])
 @example([b"d\r\n", b"dele\r\n", b"delete 1\n", b"reserve\r\n", b"reserve\r\n",
           b"reserve \r\n", b"reserve\r\r\n"])
+@example([b"stats\r\n", b"reserve\r\n", b"stats\r\n", b"stats\r\n",
+          b"reserve-with-timeout 0\r\n", b"reserve-with-timeout 0\r\n", b"reserve\r\n"])
 @settings(max_examples=500)
 def test_a_read_of_one_command_parses_as_the_general_path_does(reads: list) -> None:
     """`take`'s shortcut for a read that is exactly one command (the last put
