@@ -185,9 +185,10 @@ def put_unique(lp: Loop, s: Session, cmd: p.PutUnique):
     named: dict = pols.tubes
     pol = named.get(tube, pols.default)
     children = st.fanout.get(tube)
-    if pol.unlimited and not children and st.keys.find(tube, cmd.key, lp.now) is None:
+    keyed = pol.keyed_put
+    if keyed is not None and not children and st.keys.find(tube, cmd.key, lp.now) is None:
         # The common case, without _put_with_policy's decisions: one job, no drops.
-        job_id = lp.log_put_unique(s.id, tube, cmd.key, pol.unique_for, pol.unique_keys_max,
+        job_id = lp.log_put_unique(s.id, tube, cmd.key, keyed[0], keyed[1],
                                    cmd.pri, cmd.delay, cmd.ttr, cmd.body)
         if FAST_REPLY:
             return jobreply.inserted(job_id)

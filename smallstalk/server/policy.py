@@ -57,16 +57,19 @@ class TubePolicy:
     max_rate: tuple[int, int] = (0, 0)  # (reserves, per seconds); (0, 0) = no limit
     # No limit, expiry or fanout-only: a put needs no decision (the hot path).
     plain: bool = attrs.field(init=False, eq=False, repr=False)
-    # No limit, expiry or fanout-only, whatever `unique`: a put-unique's hot path.
-    unlimited: bool = attrs.field(init=False, eq=False, repr=False)
+    # (unique_for, unique_keys_max) where a put-unique needs no decision (no
+    # limit, expiry or fanout-only, whatever `unique`), else None: its hot
+    # path reads one attribute of this class, where each read is a generic lookup.
+    keyed_put: tuple[int, int] | None = attrs.field(init=False, eq=False, repr=False)
     # An attempt limit or a back-off: a reservation's end needs a decision.
     holds_back: bool = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "unlimited", not (
-            self.max_jobs or self.max_bytes or self.max_job_size or self.max_age
-            or self.fanout_only))
-        object.__setattr__(self, "plain", self.unlimited and not self.unique)
+        unlimited = not (self.max_jobs or self.max_bytes or self.max_job_size or self.max_age
+                         or self.fanout_only)
+        object.__setattr__(self, "keyed_put", (self.unique_for, self.unique_keys_max)
+                           if unlimited else None)
+        object.__setattr__(self, "plain", unlimited and not self.unique)
         object.__setattr__(self, "holds_back", bool(
             self.max_reserves or self.max_timeouts or self.timeout_backoff[0]
             or self.release_backoff[0]))
