@@ -45,7 +45,7 @@ from __future__ import annotations
 import attrs
 
 from smallstalk.core.commands import Auth
-from smallstalk.core.parser import DEFAULT_MAX_JOB_SIZE, U32_MAX, valid_tube_name
+from smallstalk.core.lines import DEFAULT_MAX_JOB_SIZE, U32_MAX, valid_tube_name
 
 LINE_MAX = 2048  # bytes, including the line end: a key (250) with options, with room
 EXPIRY_ABSOLUTE = 1_000_000  # memcache: an expiry from here on is a Unix time

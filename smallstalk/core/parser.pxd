@@ -2,8 +2,8 @@
 # read by no one else, so compiling it costs nothing at its boundary. The
 # everyday commands it makes are extension types (commands.pxd).
 cimport cython
-from smallstalk.core cimport keyscan
-from smallstalk.core.commands cimport Bury, Delete, Put, PutUnique, Release, Reserve, Touch
+from smallstalk.core cimport keyscan, lines
+from smallstalk.core.commands cimport Delete, Put, PutUnique
 
 cdef class Parser:
     cdef public object _buf, _mode, _put, _skip, max_job_size, _last, _skip_reply
@@ -18,8 +18,6 @@ cdef class Parser:
     cpdef take(self, bytes data)
     @cython.locals(same=Put)
     cpdef events(self)
-
-cpdef parse_line(bytes line, max_job_size)
 
 # The exact lines as whole reads (`take`'s first lookup): a dict the C code
 # calls directly, where an untyped global's `.get` is an attribute lookup.

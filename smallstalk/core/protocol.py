@@ -1,5 +1,5 @@
 """The protocol's one public face: the commands (commands.py), the replies (replies.py)
-and the parser (parser.py), so that callers write `protocol.Put`, `protocol.NOT_FOUND`,
+and the parser (parser.py, lines.py), so that callers write `protocol.Put`, `protocol.NOT_FOUND`,
 `protocol.Parser`. It defines nothing itself; see docs/ARCHITECTURE.md.
 """
 
@@ -69,19 +69,18 @@ from smallstalk.core.commands import (
     Watch,
     render,
 )
-from smallstalk.core.parser import (
+from smallstalk.core.lines import (
     DEFAULT_MAX_JOB_SIZE,
-    LINE_MAX,
     MAX_JOB_SIZE_LIMIT,
     NAME_CHARS,
     TUBE_NAME_MAX,
     U32_MAX,
     U64_MAX,
-    Parser,
     parse_line,
     valid_key,
     valid_tube_name,
 )
+from smallstalk.core.parser import LINE_MAX, Parser
 from smallstalk.core.replies import (
     BAD_FORMAT,
     BURIED,

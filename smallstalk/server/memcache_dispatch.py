@@ -40,8 +40,8 @@ from smallstalk import __version__
 from smallstalk.core import memcache as m
 from smallstalk.core import protocol as p
 from smallstalk.core import records as r
+from smallstalk.core.lines import U32_MAX
 from smallstalk.core.model import Job, fanout_parent
-from smallstalk.core.parser import U32_MAX
 from smallstalk.core.state import NS, State
 from smallstalk.server import dispatch, holdback
 from smallstalk.server.commit import Unavailable

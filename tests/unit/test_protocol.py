@@ -6,7 +6,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from smallstalk.core import parser
+from smallstalk.core import lines, parser
 from smallstalk.core import protocol as p
 
 
@@ -288,7 +288,7 @@ def test_the_first_remembered_put_line_is_a_true_parse_of_itself() -> None:
     assert parse_all(line + b"\r\n") == [p.Put(*numbers[:3], b"")]
 
 
-_PLAIN_WORDS = sorted(parser._PLAIN_ARGS)
+_PLAIN_WORDS = sorted(lines._PLAIN_ARGS)
 
 
 @given(st.sampled_from(_PLAIN_WORDS),
@@ -306,12 +306,12 @@ def test_plain_argument_fast_path_parses_as_the_table_does(word, args, sep, tail
     give exactly what the general prefix table gives for the same line."""
     line = word + b" " + sep.join(a.encode() for a in args) + tail
     fast = p.parse_line(line, p.DEFAULT_MAX_JOB_SIZE)
-    saved = dict(parser._PLAIN_ARGS)
-    parser._PLAIN_ARGS.clear()
+    saved = dict(lines._PLAIN_ARGS)
+    lines._PLAIN_ARGS.clear()
     try:
         general = p.parse_line(line, p.DEFAULT_MAX_JOB_SIZE)
     finally:
-        parser._PLAIN_ARGS.update(saved)
+        lines._PLAIN_ARGS.update(saved)
     assert fast == general
 
 
@@ -322,10 +322,11 @@ def test_plain_argument_fast_path_is_taken() -> None:
 
 
 def test_protocol_exports_every_public_name_of_its_parts() -> None:
-    """`protocol` is the face of commands, replies and parser: nothing of theirs is missing."""
+    """`protocol` is the face of commands, replies and the parser (parser, lines):
+    nothing of theirs is missing."""
     from smallstalk.core import commands, replies
 
-    for mod in (commands, replies, parser):
+    for mod in (commands, replies, parser, lines):
         for name, value in vars(mod).items():
             if name.startswith("_") or type(value) is type(p):
                 continue
@@ -394,17 +395,17 @@ def test_a_read_of_one_command_parses_as_the_general_path_does(reads: list) -> N
     the general side without parse_line's shortcuts (plain arguments, the
     exact `reserve-with-timeout 0`)."""
     one, three = p.Parser(64), p.Parser(64)
-    plain, exact = dict(parser._PLAIN_ARGS), dict(parser._EXACT)
+    plain, exact = dict(lines._PLAIN_ARGS), dict(lines._EXACT)
     for data in reads:
         events, held = one.take(data)
         three.feed(data)
-        parser._PLAIN_ARGS.clear()
-        del parser._EXACT[b"reserve-with-timeout 0"]
+        lines._PLAIN_ARGS.clear()
+        del lines._EXACT[b"reserve-with-timeout 0"]
         try:
             expected = (three.events(), three.buffered())
         finally:
-            parser._PLAIN_ARGS.update(plain)
-            parser._EXACT.update(exact)
+            lines._PLAIN_ARGS.update(plain)
+            lines._EXACT.update(exact)
         assert (events, held) == expected
 
 
