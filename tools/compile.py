@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # whose fields only compiled code reads, as a compiled field read from
 # interpreted code costs more than a slot. As they are: the rest of a
 # restart's reading.
-COMPILED = ["smallstalk/core/model.py", "smallstalk/core/commands.py",
+COMPILED = ["smallstalk/core/model.py", "smallstalk/core/readyheap.py",
+            "smallstalk/core/commands.py",
             "smallstalk/core/keys.py",
             "smallstalk/core/queries.py",
             "smallstalk/core/moves.py", "smallstalk/core/state.py",

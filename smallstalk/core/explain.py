@@ -18,7 +18,6 @@ from smallstalk.core.model import (
     BURIED,
     DELAYED,
     M32,
-    M64,
     NS,
     READY,
     RESERVED,
@@ -26,6 +25,7 @@ from smallstalk.core.model import (
     Job,
     secs,
 )
+from smallstalk.core.readyheap import entry_has_gen, entry_id, entry_pri
 
 # Jobs ahead of one are counted best-first and this many at most, so an
 # explain on a tube of a million jobs costs the loop a bounded turn.
@@ -58,11 +58,11 @@ def ahead_of(st, j: Job, cap: int = AHEAD_MAX) -> int:
     size = len(heap)
     while frontier and n < cap:
         key, i = heapq.heappop(frontier)
-        pri, jid = key >> 96, (key >> 32) & M64
+        pri, jid = entry_pri(key), entry_id(key)
         if (pri, jid) >= mine:
             continue  # nothing under it in the heap comes before j either
         o = jobs.get(jid)
-        if o is not None and o.state == READY and (o.gen & M32) == (key & M32):
+        if o is not None and o.state == READY and entry_has_gen(key, o.gen):
             n += 1
         for child in (2 * i + 1, 2 * i + 2):
             if child < size:

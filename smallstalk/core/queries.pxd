@@ -1,5 +1,6 @@
 # The compiled build's declarations (see model.pxd): the state's fields, set
 # by moves.py's Moves.__init__, live on this root of the State chain.
+from smallstalk.core cimport readyheap
 from smallstalk.core.keys cimport KeyIndex
 from smallstalk.core.model cimport Conn, Job, Limit, Tube
 

@@ -10,12 +10,12 @@ from collections import deque
 from collections.abc import Sequence
 from heapq import heapify, heappop, heappush
 
+from smallstalk.core import readyheap
 from smallstalk.core.model import (
     BURIED,
     DEFAULT_TUBE,
     DELAYED,
     M32,
-    M64,
     READY,
     RESERVED,
     SAFETY_MARGIN,
@@ -330,14 +330,15 @@ class Queries:
             return _after_key(held, _job_key(jobs.get(after), RESERVED, after), count)
         if state == READY:
             a = jobs.get(after)
-            cursor = ((a.pri if a is not None and a.state == READY else 0) << 96
-                      | after << 32 | M32) if after else -1
+            cursor = readyheap.entry_of(a.pri if a is not None and a.state == READY else 0,
+                                        after, M32) if after else -1
 
             def live(key: int) -> bool:
-                j = jobs.get((key >> 32) & M64)
-                return j is not None and j.state == READY and (j.gen & M32) == key & M32
+                j = jobs.get(readyheap.entry_id(key))
+                return (j is not None and j.state == READY
+                        and readyheap.entry_has_gen(key, j.gen))
 
-            return [(k >> 32) & M64 for k in _heap_walk(t.ready, cursor, count, live)]
+            return [readyheap.entry_id(k) for k in _heap_walk(t.ready, cursor, count, live)]
         if state == DELAYED:
             a = jobs.get(after)
             dl = a.deadline if a is not None and a.state == DELAYED else 0

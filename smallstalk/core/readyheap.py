@@ -1,8 +1,13 @@
+# cython: annotation_typing=False
+# (The compiled build: its ints are Python ints of any size, not C ones.)
 """A tube's ready heap: its ready jobs' entries ordered by (pri, id), each
 carrying the job's gen so that an entry the job has left is known stale.
 
 An entry is one int, `pri << 96 | id << 32 | gen & M32`: smaller than a
-(pri, id, gen) tuple, and compared in one step.
+(pri, id, gen) tuple, and compared in one step. Code that reads a heap's
+entries itself (the read side's listings, `explain`, `search`, the heaps'
+compaction) takes them apart with `entry_id`, `entry_pri` and
+`entry_has_gen`, and makes a cursor with `entry_of`.
 Entries are never removed in the middle: a reserve or a move leaves its old
 entry behind, and the reader at the top drops it (`Queries._top_ready`);
 `State.compact_heaps` rebuilds a heap that stale entries outgrow.
@@ -24,6 +29,27 @@ M32 = (1 << 32) - 1
 M64 = (1 << 64) - 1
 
 
+def entry_of(pri: int, id: int, gen: int) -> int:
+    """The entry of job `id` at `pri` (gen: the job's, unmasked)."""
+    return (pri << 96) | (id << 32) | (gen & M32)
+
+
+def entry_id(entry: int) -> int:
+    """The id of the job `entry` was made for."""
+    return (entry >> 32) & M64
+
+
+def entry_pri(entry: int) -> int:
+    """The priority `entry` orders its job by."""
+    return entry >> 96
+
+
+def entry_has_gen(entry: int, gen: int) -> bool:
+    """Was `entry` made with this gen (a job's, unmasked)? Where not, the job
+    has left the state the entry put it in: the entry is stale."""
+    return (gen & M32) == entry & M32
+
+
 class ListHeap(list):
     """Entries (ints) in heapq's order; a list, so that `len`, indexing (a
     walk of the heap's tree) and iteration (the entries, in the array's
@@ -37,12 +63,12 @@ class ListHeap(list):
 
     def push(self, pri: int, id: int, gen: int) -> None:
         """Add the entry of a job that is ready now (gen: the job's, unmasked)."""
-        heappush(self, (pri << 96) | (id << 32) | (gen & M32))
+        heappush(self, (pri << 96) | (id << 32) | (gen & M32))  # entry_of, inlined: every put
 
     def add_unordered(self, pri: int, id: int, gen: int) -> None:
         """Add an entry without keeping the heap's order, for a snapshot's
         load of many: `reorder` before the heap is read or pushed to again."""
-        self.append((pri << 96) | (id << 32) | (gen & M32))
+        self.append((pri << 96) | (id << 32) | (gen & M32))  # entry_of, inlined: per job
 
     def reorder(self) -> None:
         """Restore the heap's order after `add_unordered` (one heapify)."""

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from smallstalk.core.model import BURIED, DELAYED, M64, READY, STATE_BY_NAME, STATE_NAMES
+from smallstalk.core.model import BURIED, DELAYED, READY, STATE_BY_NAME, STATE_NAMES
+from smallstalk.core.readyheap import entry_id
 
 HOWS = ("substr", "regex", "key")
 ACTIONS = ("count", "kick", "delete", "move")
@@ -103,7 +104,7 @@ def _listed(st, t, state: int) -> list[int] | None:
     if state == READY:
         if len(t.ready) > SMALL:
             return None
-        ids = [(key >> 32) & M64 for key in t.ready]
+        ids = [entry_id(key) for key in t.ready]
     elif state == DELAYED:
         if len(t.delayed) > SMALL:
             return None

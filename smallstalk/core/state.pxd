@@ -1,4 +1,5 @@
 # The compiled build's declarations (see model.pxd).
+from smallstalk.core cimport readyheap
 from smallstalk.core.model cimport Conn, Job, Tube
 from smallstalk.core.moves cimport Moves
 

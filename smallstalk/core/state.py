@@ -38,13 +38,13 @@ from __future__ import annotations
 from collections import deque
 from heapq import heapify, heappush
 
+from smallstalk.core import readyheap
 from smallstalk.core import records as r
 from smallstalk.core.model import (
     BURIED,
     DEFAULT_TUBE,
     DELAYED,
     M32,
-    M64,
     NS,
     READY,
     RESERVED,
@@ -634,8 +634,8 @@ class State(Moves):
             if len(heap) <= 2 * count + 1024:
                 return heap
             return ReadyHeap(k for k in heap
-                             if (j := jobs.get((k >> 32) & M64)) is not None
-                             and (j.gen & M32) == (k & M32) and j.state == READY)
+                             if (j := jobs.get(readyheap.entry_id(k))) is not None
+                             and readyheap.entry_has_gen(k, j.gen) and j.state == READY)
 
         self.ttr_heap = live(self.ttr_heap, RESERVED, self.reserved_n)
         if len(self.expiry_heap) > 2 * (self.ready_n + self.delayed_n) + 1024:

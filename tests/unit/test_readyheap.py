@@ -11,7 +11,16 @@ import random
 
 import pytest
 
-from smallstalk.core.readyheap import M32, M64, ListHeap, ReadyHeap
+from smallstalk.core.readyheap import (
+    M32,
+    M64,
+    ListHeap,
+    ReadyHeap,
+    entry_has_gen,
+    entry_id,
+    entry_of,
+    entry_pri,
+)
 
 HEAPS = [ListHeap, ReadyHeap]
 
@@ -103,3 +112,22 @@ def test_a_heap_that_grew_and_emptied_still_works(cls) -> None:
     assert sorted(heap) == [_key(0, i, 0) for i in range(99_991, 100_001)]
     heap.push(0, 5, 1)
     assert heap.top_id() == 5 and heap.top_has_gen(1) and not heap.top_has_gen(0)
+
+
+@pytest.mark.parametrize("cls", HEAPS)
+def test_an_entrys_parts_read_back_what_was_pushed(cls) -> None:
+    """`entry_id`, `entry_pri` and `entry_has_gen` (what the listings, explain,
+    search and the compaction read entries with) take apart exactly what
+    `push` made, in either heap, and `entry_of` makes the same entry."""
+    pushed = [(0, 1, 0), (1024, 7, 2**32 + 5), (2**32 - 1, 2**63 - 1, 2**32 - 1),
+              (5, 2**40 + 3, 2**40 + 5)]
+    heap = cls()
+    for pri, jid, gen in pushed:
+        heap.push(pri, jid, gen)
+    assert sorted(heap) == sorted(entry_of(*p) for p in pushed)
+    got = sorted((entry_pri(e), entry_id(e)) for e in heap)
+    assert got == sorted((pri, jid) for pri, jid, _ in pushed)
+    for e in heap:
+        (gen,) = [g for p, j, g in pushed if (p, j) == (entry_pri(e), entry_id(e))]
+        assert entry_has_gen(e, gen) and entry_has_gen(e, gen + 2**32)
+        assert not entry_has_gen(e, gen + 1)
