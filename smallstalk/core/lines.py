@@ -255,13 +255,21 @@ def _p_replicate(rest: bytes) -> Command:
     return Replicate(int(parts[0]), "" if history == "-" else history, int(parts[2]))
 
 
+def _read_u32s(line: bytes, pos: int, n: int) -> tuple[list[int], int]:
+    """`n` u32 arguments from `pos` (each as `_read_uint` reads it), and
+    where the last ends: a put's numbers. The caller decides what may follow."""
+    values = []
+    for _ in range(n):
+        value, pos = _read_uint(line, pos, U32_MAX, False)
+        values.append(value)
+    return values, pos
+
+
 def _p_put_expiring(line: bytes, max_job_size: int) -> _PutHeader:
     """`put-expiring <pri> <delay> <ttr> <max-age> <bytes>`: a put whose job expires."""
-    pri, pos = _read_uint(line, len(b"put-expiring "), U32_MAX, False)
-    delay, pos = _read_uint(line, pos, U32_MAX, False)
-    ttr, pos = _read_uint(line, pos, U32_MAX, False)
-    max_age, pos = _read_uint(line, pos, U32_MAX, False)
-    size, _ = _read_uint(line, pos, U32_MAX, True)
+    (pri, delay, ttr, max_age, size), pos = _read_u32s(line, len(b"put-expiring "), 5)
+    if pos != len(line):
+        raise _Bad
     if size > max_job_size:
         return _PutHeader(pri, delay, ttr, -size)  # skip the body
     return _PutHeader(pri, delay, max(ttr, 1), size, max_age)
@@ -272,10 +280,9 @@ def _p_put_unique(line: bytes, max_job_size: int) -> _PutHeader:
     key, space, rest = line[len(_PUT_UNIQUE):].partition(b" ")
     if not space or not valid_key(key):
         raise _Bad
-    pri, pos = _read_uint(rest, 0, U32_MAX, False)
-    delay, pos = _read_uint(rest, pos, U32_MAX, False)
-    ttr, pos = _read_uint(rest, pos, U32_MAX, False)
-    size, _ = _read_uint(rest, pos, U32_MAX, True)
+    (pri, delay, ttr, size), pos = _read_u32s(rest, 0, 4)
+    if pos != len(rest):
+        raise _Bad
     if size > max_job_size:
         return _PutHeader(pri, delay, ttr, -size)  # skip the body
     return _PutHeader(pri, delay, max(ttr, 1), size, 0, key.decode("ascii"))
@@ -456,10 +463,7 @@ def parse_line(line: bytes, max_job_size: int) -> Command | ErrorReply | _PutHea
             return _PutHeader(pri, delay, max(ttr, 1), size)
     try:
         if line.startswith(b"put "):
-            pri, pos = _read_uint(line, 4, U32_MAX, False)
-            delay, pos = _read_uint(line, pos, U32_MAX, False)
-            ttr, pos = _read_uint(line, pos, U32_MAX, False)
-            size, pos = _read_uint(line, pos, U32_MAX, False)
+            (pri, delay, ttr, size), pos = _read_u32s(line, 4, 4)
             if size > max_job_size:
                 return _PutHeader(pri, delay, ttr, -size)  # skip the body
             if pos != len(line):

@@ -208,9 +208,19 @@ def test_put_takes_four_arguments_as_in_beanstalkd() -> None:
     assert p.render(p.Put(0, 0, 60, b"x", 5)) == b"put-expiring 0 0 60 5 1\r\nx\r\n"
     assert p.render(p.Put(0, 0, 60, b"x")) == b"put 0 0 60 1\r\nx\r\n"
     for bad in (b"put-expiring 0 0 60 1\r\n", b"put-expiring 0 0 60 5 1 9\r\n",
-                b"put-expiring 0 0 60 99999999999 1\r\n", b"auth \r\n", b"auth a b\r\n"):
+                b"put-expiring 0 0 60 99999999999 1\r\n", b"auth \r\n", b"auth a b\r\n",
+                b"put-unique k 0 0 60\r\n", b"put-unique k 0 0 60 1 9\r\n",
+                b"put-unique k 0 0 60 1 \r\n", b"put-unique k 0 0 4294967296 1\r\n",
+                b"put-unique k 0 0 60 70000 9\r\n"):
         assert parse_all(bad) == [p.ErrorReply(p.BAD_FORMAT)], bad
     assert parse_all(b"put-expiring 0 0 60 5 70000\r\n" + b"z" * 70000 + b"\r\n") == [
+        p.ErrorReply(p.JOB_TOO_BIG, p.Put)]
+    assert parse_all(b"put-unique k 0 0 60 70000\r\n" + b"z" * 70000 + b"\r\n") == [
+        p.ErrorReply(p.JOB_TOO_BIG, p.Put)]
+    # A put's size is judged before what follows it, as beanstalkd does: too
+    # big, its body is skipped even with a fifth argument (a keyed put's line
+    # must end at its size first, above).
+    assert parse_all(b"put 0 0 60 70000 9\r\n" + b"z" * 70000 + b"\r\n") == [
         p.ErrorReply(p.JOB_TOO_BIG, p.Put)]
     # Names beanstalkd answers UNKNOWN_COMMAND (never one it answers otherwise).
     assert parse_all(b"ext-stats\r\next-stats-tube t\r\n") == [
