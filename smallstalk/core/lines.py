@@ -79,7 +79,7 @@ from smallstalk.core.search import ACTIONS, HOWS, PATTERN_MAX, SEARCH_PAGE_MAX
 
 # `put-unique <key> <pri> <delay> <ttr> <bytes>`: a 200-byte key and four
 # 10-digit numbers do not fit beanstalkd's line, so this command of our own
-# has a longer one (no beanstalkd command starts with its name: parser.py).
+# has a longer one, which parser.py frames (no beanstalkd command starts with its name).
 _PUT_UNIQUE = b"put-unique "
 TUBE_NAME_MAX = 200
 # `search-jobs` and `bulk-jobs` name up to two tubes of 200 bytes: their lines

@@ -46,7 +46,7 @@ try:  # the compiled build's scan of a keyed put's key (keyscan.pyx)
 except ImportError:  # the pure build: _PUT_UNIQUE_KEY, the reference
     _KEY_SCAN = False
 LINE_MAX = 224  # bytes, including CRLF (beanstalkd's LINE_BUF_SIZE)
-_PUT_UNIQUE_LINE_MAX = len(_PUT_UNIQUE) + 200 + 4 * 11 + 2  # (lines.py: its longer line)
+_PUT_UNIQUE_LINE_MAX = len(_PUT_UNIQUE) + 200 + 4 * 11 + 2  # its window: key and numbers
 # The everyday put-unique, whole line, as `_PUT_LINE` is the everyday put's.
 _PUT_UNIQUE_LINE = re.compile(
     rb"put-unique ([-A-Za-z0-9+/;.$_()]{1,200}) ([0-9]{1,10}) ([0-9]{1,10}) ([0-9]{1,10}) "
