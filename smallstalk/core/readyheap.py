@@ -76,12 +76,12 @@ class ListHeap(list):
 
     def top_id(self) -> int:
         """The id of the top entry's job; 0 (no job's id) when empty."""
-        return (self[0] >> 32) & M64 if self else 0
+        return (self[0] >> 32) & M64 if self else 0  # entry_id, inlined: every reserve
 
     def top_has_gen(self, gen: int) -> bool:
         """Was the top entry pushed with this gen (a job's, unmasked)? Where
         not, the job has left the state the entry put it in: the entry is stale."""
-        return (gen & M32) == self[0] & M32
+        return (gen & M32) == self[0] & M32  # entry_has_gen, inlined: every reserve
 
     def drop_top(self) -> None:
         """Drop the top entry."""
