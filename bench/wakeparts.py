@@ -1,7 +1,7 @@
 """Where a hand-off's microseconds go, server side, stamped (no tracer).
 
 Syscall tracers add more to each call on this kind of machine than the parts
-sought (docs/PERFORMANCE.md), so this stamps instead. smallstalk runs in this
+sought (docs/PERFORMANCE-ROUNDS.md), so this stamps instead. smallstalk runs in this
 process, memory mode, with four clock reads (CLOCK_REALTIME, `time.time_ns`):
 when trio's epoll wait returns with events, when the poller task resumes from
 its `wait_readable`, when the producer's connection reads its put

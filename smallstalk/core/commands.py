@@ -20,7 +20,7 @@ class _Everyday:
     Not attrs classes, because the compiled build (commands.pxd) makes these
     seven extension types, which attrs cannot build: a line parsed then makes
     its command without running Python code, and dispatch reads its fields
-    from the object itself (docs/PERFORMANCE.md, The commands).
+    from the object itself (docs/PERFORMANCE-ROUNDS.md, The commands).
     """
 
     __slots__ = ()

@@ -4,7 +4,7 @@ commands (`command`), attrs slots classes that share one `__repr__`.
 attrs compiles each class's generated methods at import; its `__repr__` is the
 largest of them (about 90 of the ~360 µs a class costs), and the 68 command and
 record classes are made on every start of the server (start-up time,
-docs/PERFORMANCE.md). The shared function writes what attrs' own would:
+docs/PERFORMANCE-ROUNDS.md). The shared function writes what attrs' own would:
 `Put(pri=0, delay=0, ...)`. Equality, hashing, `__init__` (with converters),
 immutability and slots are attrs' own, unchanged.
 """

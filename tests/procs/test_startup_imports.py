@@ -1,5 +1,5 @@
 """What `smallstalk serve` imports until it has answered its first command: only what
-serving needs (start-up time, docs/PERFORMANCE.md "Start-up"). The operator tools,
+serving needs (start-up time, docs/PERFORMANCE-ROUNDS.md "Start-up"). The operator tools,
 the console, the clients, replication's follower and HA, the memcache port, TLS
 files, schedules' datetime and argparse are imported on use, and stay so.
 """
