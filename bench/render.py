@@ -7,6 +7,9 @@ MODE_LABELS = {
     "never": "smallstalk --data-dir --fsync never  vs  beanstalkd -b DIR -F",
     "always": "smallstalk --data-dir --fsync always  vs  beanstalkd -b DIR -f 0",
 }
+# Commands an op of each request/response workload sends (bench/loadgen.py's
+# COMMANDS_PER_OP has every workload's).
+REQ_RESP_COMMANDS = {"put": 1, "rd": 2, "cycle": 3}
 WORKLOAD_LABELS = {
     "put": "put",
     "rd": "reserve+delete",
@@ -155,6 +158,7 @@ def render(results: dict, markdown: bool) -> str:
         parts.append(table(["workload/conns", "puts/s", "µs/put", "p50", "p99",
                             "client cpu %"], cells, markdown, {1, 2, 3, 4, 5}))
     parts.extend(_writing_floor(results, h, markdown))
+    parts.extend(_user_system(results, h, markdown))
 
     opened = results.get("open_loop") or []
     if opened:
@@ -162,7 +166,7 @@ def render(results: dict, markdown: bool) -> str:
         for row in opened:
             a, b = row["servers"].get(ss, {}), row["servers"].get(bs, {})
             f = row.get("floor_result") or {}
-            cpo = {"put": 1, "rd": 2, "cycle": 3}.get(row["workload"], 1)
+            cpo = REQ_RESP_COMMANDS.get(row["workload"], 1)
             cells.append([
                 WORKLOAD_LABELS.get(row["workload"], row["workload"]), str(row["conns"]),
                 fmt_rate(row["offered_cmds_per_sec"]),
@@ -334,6 +338,42 @@ def _writing_floor(results: dict, h: str, markdown: bool) -> list[str]:
             table(["workload", "conns", "µs/put floor", "µs/put wfloor", "ss/floor",
                    "ss/wfloor", "bs/floor", "bs/wfloor"], cells, markdown,
                   set(range(2, 8)))]
+
+
+def _split(r: dict, commands: int) -> tuple:
+    """(user, system) µs per command of one server's point, from its CPU and
+    the system share of its clock ticks; (None, None) where either is missing."""
+    us, share = r.get("server_cpu_us_per_op"), r.get("server_sys_share")
+    if "error" in r or us is None or share is None:
+        return None, None
+    return us / commands * (1 - share), us / commands * share
+
+
+def _user_system(results: dict, h: str, markdown: bool) -> list[str]:
+    """The request/response rows' CPU per command split into user and system
+    time, beside the floor's per put: the kernel's share is the I/O shape's,
+    and what smallstalk adds above the floor shows in the user column."""
+    floors = results.get("floor") or {}
+    rows = [row for row in results["points"] if row.get("floor") in floors
+            and row["workload"] in REQ_RESP_COMMANDS]
+    if not rows:
+        return []
+    cells = []
+    for row in rows:
+        n = REQ_RESP_COMMANDS[row["workload"]]
+        fu, fs = _split(floors[row["floor"]], 1)
+        su, ss = _split(row["servers"].get("smallstalk", {}), n)
+        bu, bs = _split(row["servers"].get("beanstalkd", {}), n)
+        cells.append([row["mode"], WORKLOAD_LABELS.get(row["workload"], row["workload"]),
+                      str(row["conns"]), fmt_num(fu, 1), fmt_num(fs, 1), fmt_num(su, 1),
+                      fmt_num(ss, 1), fmt_num(bu, 1), fmt_num(bs, 1),
+                      fmt_ratio(_div(su, fu)), fmt_ratio(_div(ss, fs))])
+    title = ("User and system CPU per command, µs (request/response rows; the floor's per put "
+             "at the same connections; from each point's CPU and its clock ticks' system share)")
+    return [f"{h}{title}" if markdown else f"-- {title}",
+            table(["mode", "workload", "conns", "floor user", "floor sys", "ss user", "ss sys",
+                   "bs user", "bs sys", "ss/floor user", "ss/floor sys"], cells, markdown,
+                  set(range(2, 11)))]
 
 
 def _floor_cells(row: dict) -> list[str]:
