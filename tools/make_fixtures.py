@@ -1023,7 +1023,7 @@ def check_log(aof_dir: Path, m: Model) -> tuple[list[tuple[Path, int, int]], dic
     assert len(seen) == len(m.records), (len(seen), len(m.records))
     times = {raw[1]: raw[2] for raw in seen}
 
-    def absolute(obj: Any) -> Any:  # {seq, plus_seconds} -> ns, as tests/unit/test_format.py does
+    def absolute(obj: Any) -> Any:  # {seq, plus_seconds} -> ns, as tests/unit/test_fixtures.py does
         if isinstance(obj, dict):
             if set(obj) == {"seq", "plus_seconds"}:
                 return times[obj["seq"]] + obj["plus_seconds"] * 10**9
