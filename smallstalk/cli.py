@@ -119,6 +119,9 @@ def _check_data_dir(path: Path) -> None:
     """The data directory exists (made if need be), is a directory, and is ours to write."""
     if path.exists() and not path.is_dir():
         raise StartError(f"data directory {path} is a file, not a directory (-b DIR)")
+    if path.is_symlink() and not path.exists():
+        raise StartError(f"data directory {path} is a link to {os.readlink(path)}, which does "
+                         "not exist: create that directory, or give -b another")
     make_dirs(path)  # made durably: each new directory's entry fsynced into its parent
     if not os.access(path, os.W_OK | os.X_OK):
         raise StartError(f"data directory {path}: not writable by {_whoami()}: "
@@ -328,9 +331,15 @@ async def _reload(lp: MutationLoop, cfg: ServeConfig | None) -> None:
     except ConfigError as e:
         log.warning("SIGHUP: the [server] table would not start a server: %s", e)
         return
-    if changed:
+    pending = [k for k in changed if k not in cfg.flag_keys]
+    unused = [k for k in changed if k in cfg.flag_keys]
+    if pending:
         log.warning("SIGHUP: [server] settings changed in %s (%s): they take effect "
-                    "only on a restart", cfg.config_path, ", ".join(changed))
+                    "only on a restart", cfg.config_path, ", ".join(pending))
+    if unused:
+        log.warning("SIGHUP: [server] settings changed in %s (%s): a command-line flag "
+                    "sets them, so the file's values are not used", cfg.config_path,
+                    ", ".join(unused))
 
 
 PROMOTE_HELP = """\
@@ -447,18 +456,6 @@ def _listen_sockets(argv: list[str], cfg: ServeConfig,
     return early or listen.bind(cfg.addr, cfg.port)
 
 
-def _tls_setup(cfg: ServeConfig) -> tls.Contexts:
-    """The TLS contexts, from files read now (before -u and recovery); TLSFileError
-    names a file the server cannot use."""
-    server = replica = None
-    if cfg.tls_cert is not None and cfg.tls_key is not None:
-        server = tls.server_context(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
-    if cfg.replica_tls_ca is not None or cfg.replica_tls_cert is not None:
-        replica = tls.replica_context(cfg.replica_tls_ca, cfg.replica_tls_cert,
-                                      cfg.replica_tls_key)
-    return tls.Contexts(server, replica)
-
-
 def _setup_logging(verbose: int) -> None:
     level = logging.INFO if verbose == 0 else logging.DEBUG
     logging.basicConfig(level=level, stream=sys.stderr,
@@ -476,13 +473,14 @@ def serve_command(argv: list[str], early: list[socket.socket] | None = None) -> 
     if cfg.http is not None:
         from smallstalk.console import preflight
 
-        why = preflight(cfg.http)
-        if why:
+        refused = preflight(cfg.http)
+        if refused:
+            why, address = refused
             print(f"smallstalk: {why}", file=sys.stderr)
-            return 5
+            return EXIT_LISTEN if address else 5
     _setup_logging(cfg.verbose)
     try:
-        contexts = _tls_setup(cfg)
+        contexts = tls.contexts_for(cfg)
         sockets = _listen_sockets(argv, cfg, early)
         tls_sockets = [] if cfg.tls_port is None else \
             listen.bind(tls_address(cfg), cfg.tls_port, ("--tls-listen", "--tls-port"))
@@ -527,8 +525,11 @@ def _start_error(e: BaseException, data_dir: Path | None) -> StartError | None:
         return StartError(f"cannot start: {refusal(e, data_dir)}" if data_dir is not None
                           else f"damaged data directory: {e}")
     if isinstance(e, OSError) and e.filename is not None and e.errno in _FILE_ERRNOS:
-        hint = (f" (the server runs as {_whoami()}: chown the data directory, or use -u)"
-                if e.errno in (errno.EACCES, errno.EPERM) else "")
+        hint = ""
+        if e.errno in (errno.EACCES, errno.EPERM):
+            hint = f" (the server runs as {_whoami()}: chown the data directory, or use -u)"
+        elif e.errno in (errno.EEXIST, errno.ENOTDIR) and not os.path.isdir(e.filename):
+            hint = " (a file where the server keeps a directory: move it out of the way)"
         return StartError(f"{e.filename}: {e.strerror}{hint}")
     return None
 

@@ -48,7 +48,7 @@ beanstalkd's flags, same meaning:
                              close an AOF segment at this size (default 16777216)
  -u USER                     become this user after opening the listeners, before
                              reading the data directory (which USER must own)
- -V                          more log output (repeat for more)
+ -V                          debug log output
  -v, --version               print the version and exit
  -h, --help                  this help
 
@@ -175,6 +175,8 @@ class ServeConfig:
     # The file's [server] settings as read at start ({TOML key: value}), to
     # tell on a reload whether the file now asks for something else.
     file_settings: dict[str, Any] = attrs.Factory(dict)
+    # The [server] keys a command-line flag set: the file's value of these is not used.
+    flag_keys: frozenset[str] = frozenset()
     # Admin commands (server/admin.py): the token's file, the CIDRs trusted without one.
     admin_token_file: Path | None = None
     admin_allow: tuple[str, ...] = LOOPBACK
@@ -299,9 +301,30 @@ def parse_serve(argv: list[str]) -> ServeConfig | str:
             _set_long(cfg, flag, value)
         else:
             _set_short(cfg, flag[1], value)
+    cfg.flag_keys = frozenset(key for flag, _ in flags_seen
+                              for key in FLAG_KEYS.get(flag, (flag[2:],)) if key in SERVER_KEYS)
+    check_settings(cfg)
+    return cfg
+
+
+def check_settings(cfg: ServeConfig) -> None:
+    """The settings fit together, whether from flags or a file: TLS, the admin
+    token and allowed addresses, HA. UsageError says what to change."""
     check_tls(cfg)
     _check_admin(cfg)
     check_ha(cfg)
+
+
+def check_file(path: Path) -> ServeConfig:
+    """A configuration file read and checked as `serve --config FILE` reads it
+    with no flags (`smallstalk config dump --config`): UsageError names the
+    file."""
+    cfg = ServeConfig()
+    load_file(cfg, path)
+    try:
+        check_settings(cfg)
+    except UsageError as e:
+        raise UsageError(f"{path}: {e} (the file's keys are the flags' names)") from None
     return cfg
 
 
@@ -379,7 +402,7 @@ def _set_short(cfg: ServeConfig, ch: str, value: str) -> None:
     elif ch == "p":
         cfg.port = _port_flag(value, "-p")
     elif ch == "z":
-        cfg.max_job_size = min(_int(value, "-z"), protocol.MAX_JOB_SIZE_LIMIT)
+        cfg.max_job_size = _as_key("max-job-size", value, "-z")
     elif ch == "b":
         cfg.data_dir = Path(value)
     elif ch == "f":
@@ -387,7 +410,7 @@ def _set_short(cfg: ServeConfig, ch: str, value: str) -> None:
         cfg.fsync = FSYNC_ALWAYS if ms == 0 else FSYNC_INTERVAL
         cfg.fsync_interval = ms / 1000
     elif ch == "s":
-        cfg.segment_bytes = max(_int(value, "-s"), 4096)
+        cfg.segment_bytes = _as_key("segment-bytes", value, "-s")
     elif ch == "u":
         cfg.user = value
     elif ch == "F":
@@ -404,15 +427,15 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
             raise UsageError("--fsync takes always, everysec or never")
         cfg.fsync = FSYNC_MODES[value]
     elif name == "--fsync-interval":
-        cfg.fsync_interval = _int(value, name) / 1000
+        cfg.fsync_interval = _as_key("fsync-interval", value, name)
     elif name == "--segment-records":
-        cfg.segment_records = max(_int(value, name), 1)
+        cfg.segment_records = _as_key("segment-records", value, name)
     elif name == "--segment-bytes":
-        cfg.segment_bytes = max(_int(value, name), 4096)
+        cfg.segment_bytes = _as_key("segment-bytes", value, name)
     elif name == "--compact-interval":
-        cfg.compact_interval = _float(value, name)
+        cfg.compact_interval = _as_key("compact-interval", value, name)
     elif name == "--compact-segments":
-        cfg.compact_segments = max(_int(value, name), 1)
+        cfg.compact_segments = _as_key("compact-segments", value, name)
     elif name == "--no-compact":
         cfg.compact = False
     elif name == "--no-plaintext":
@@ -427,7 +450,7 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
                              "socket stays plaintext (use -l unix:PATH)")
         cfg.tls_listen = value
     elif name == "--tls-handshake-timeout":
-        cfg.tls_handshake_timeout = _float(value, name)
+        cfg.tls_handshake_timeout = _as_key("tls-handshake-timeout", value, name)
     elif name in PATH_OPTIONS:
         setattr(cfg, PATH_OPTIONS[name], Path(value))
     elif name == "--extended-stats":
@@ -440,17 +463,17 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
         except ConfigError as e:
             raise UsageError(str(e)) from None
     elif name == "--keep-segments-hours":
-        cfg.keep_hours = _float(value, name)
+        cfg.keep_hours = _as_key("keep-segments-hours", value, name)
     elif name == "--keep-segments-bytes":
-        cfg.keep_bytes = _int(value, name)
+        cfg.keep_bytes = _as_key("keep-segments-bytes", value, name)
     elif name == "--replica-of":
         cfg.replica_of = _host_port(value)
         if cfg.replica_of is None:
             raise UsageError("--replica-of takes HOST:PORT")
     elif name == "--min-replica-acks":
-        cfg.min_replica_acks = _int(value, name)
+        cfg.min_replica_acks = _as_key("min-replica-acks", value, name)
     elif name == "--replica-ack-timeout":
-        cfg.replica_ack_timeout = _float(value, name)
+        cfg.replica_ack_timeout = _as_key("replica-ack-timeout", value, name)
     elif name == "--ha-etcd":
         cfg.ha_etcd = tuple(u.strip() for u in value.split(",") if u.strip())
     elif name in ("--ha-cluster", "--ha-name", "--ha-advertise"):
@@ -466,18 +489,15 @@ def _set_long(cfg: ServeConfig, name: str, value: str) -> None:
     elif name == "--port":
         cfg.port = _port_flag(value, name)
     elif name == "--max-job-size":
-        cfg.max_job_size = min(_int(value, name), protocol.MAX_JOB_SIZE_LIMIT)
+        cfg.max_job_size = _as_key("max-job-size", value, name)
     elif name == "--http":
         cfg.http = _host_port(value)
         if cfg.http is None:
             raise UsageError("--http takes ADDR:PORT (e.g. 127.0.0.1:11380)")
     elif name == "--max-connections":
-        cfg.max_connections = max(_int(value, name), 1)
+        cfg.max_connections = _as_key("max-connections", value, name)
     elif name == "--max-memory":
-        try:
-            cfg.max_memory = parse_size(value, name)
-        except ConfigError as e:
-            raise UsageError(str(e)) from None
+        cfg.max_memory = _as_key("max-memory", value, name)
 
 
 def _cidrs(value: object, where: str) -> tuple[str, ...]:
@@ -493,14 +513,22 @@ def _cidrs(value: object, where: str) -> tuple[str, ...]:
     return out
 
 
-def _float(text: str, flag: str) -> float:
+def _as_key(key: str, text: str, flag: str) -> Any:
+    """A flag's value read as the `[server]` key of the same name reads it, so
+    each flag takes what the file takes ("64MB", "10s", 1.5) and means the
+    same: digits are a number, as TOML would give them, anything else a string."""
+    value: object = text
     try:
-        value = float(text)
+        value = int(text)
     except ValueError:
-        raise UsageError(f"invalid number for {flag}: {text}") from None
-    if not value >= 0:  # also NaN
-        raise UsageError(f"{flag} must not be negative")
-    return value
+        try:
+            value = float(text)
+        except ValueError:
+            pass
+    try:
+        return SERVER_KEYS[key][1](value, flag)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
 
 
 def _host_port(text: str) -> tuple[str, int] | None:
@@ -611,6 +639,12 @@ SERVER_KEYS: dict[str, tuple[str, Callable[[object, str], Any]]] = {
     "admin-allow": ("admin_allow", _cidrs),
     "extended-stats": ("extended_stats", _bool),
 }
+
+# Flags whose [server] keys are not their own names: beanstalkd's short flags
+# and the switches (every other long option sets the key of its name).
+FLAG_KEYS = {"-l": ("listen",), "-p": ("port",), "-z": ("max-job-size",), "-b": ("data-dir",),
+             "-f": ("fsync", "fsync-interval"), "-F": ("fsync",), "-s": ("segment-bytes",),
+             "-u": (), "-V": (), "--no-compact": ("compact",), "--no-plaintext": ("plaintext",)}
 
 # Keys that name files or directories: relative to the configuration file's directory.
 PATH_KEYS = {"data-dir", "admin-token-file", "tls-cert", "tls-key", "tls-client-ca",

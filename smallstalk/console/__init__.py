@@ -21,8 +21,9 @@ def missing_extra() -> str | None:
     return None
 
 
-def preflight(http: tuple[str, int]) -> str | None:
-    """Why `--http ADDR:PORT` cannot work, in one line, or None.
+def preflight(http: tuple[str, int]) -> tuple[str, bool] | None:
+    """Why `--http ADDR:PORT` cannot work, in one line, and whether it is the
+    address (it cannot be listened on), or None.
 
     Checked before the server starts (the port is bound for real later,
     inside the broker's trio loop), so a typo does not end in a traceback.
@@ -30,7 +31,7 @@ def preflight(http: tuple[str, int]) -> str | None:
     missing = missing_extra()
     if missing:
         return (f"--http needs the console extra ({missing} is missing): "
-                "pip install 'smallstalk[console]'")
+                "pip install 'smallstalk[console]'", False)
     host, port = http
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
@@ -38,5 +39,5 @@ def preflight(http: tuple[str, int]) -> str | None:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(addr)
     except OSError as e:
-        return f"--http {host}:{port}: cannot listen there ({e.strerror or e})"
+        return f"--http {host}:{port}: cannot listen there ({e.strerror or e})", True
     return None

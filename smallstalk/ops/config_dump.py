@@ -1,7 +1,8 @@
 """`smallstalk config dump`: the effective per-tube settings, from a file or a server.
 
 `--config FILE` reads and checks the file as `serve --config` would (its
-`[server]` table too) and prints the settings of `default` and of every tube
+`[server]` and `[ha]` tables, how its settings fit together, and that its
+certificate and key files load) and prints the settings of `default` and of every tube
 the file names, without a server. `--server HOST:PORT` asks a running server
 with the protocol command `config`, which also lists the tubes that exist
 there. Both print the same YAML (policy.render).
@@ -15,8 +16,9 @@ from typing import IO
 
 from smallstalk.client import BeanstalkError, Client, CommandError, Unauthorized, UnknownCommand
 from smallstalk.client.security import token_for_tool
-from smallstalk.config import read_file
-from smallstalk.server.policy import ConfigError, render
+from smallstalk.config import check_file
+from smallstalk.server import tls
+from smallstalk.server.policy import render
 from smallstalk.usage import EXIT_USAGE, Parser, UsageError, line
 
 USAGE = """\
@@ -64,11 +66,12 @@ def main(argv: list[str], stdout: IO[str] | None = None, stderr: IO[str] | None 
         return EXIT_OK
     if args.config is not None:
         try:
-            _settings, policies = read_file(args.config)
-        except ConfigError as e:
+            cfg = check_file(args.config)
+            tls.contexts_for(cfg)  # the certificate and key files load, as at a start
+        except (UsageError, tls.TLSFileError) as e:
             err.write(f"smallstalk: {e}\n")
             return EXIT_ERROR
-        out.write(render(policies.dump([])).decode())
+        out.write(render(cfg.policies.dump([])).decode())
         return EXIT_OK
     server = args.server or "127.0.0.1:11300"
     try:

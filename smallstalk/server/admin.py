@@ -40,8 +40,13 @@ def read_token(path: str | os.PathLike[str]) -> str:
     try:
         with open(path, encoding="ascii") as f:
             token = f.read().strip()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read the admin token file {os.fspath(path)}: {e}") from None
+    except OSError as e:
+        raise ValueError(f"cannot read the admin token file {os.fspath(path)}: "
+                         f"{e.strerror or e} (make one: `openssl rand -hex 32 > FILE`, "
+                         "readable by the server's user only)") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"the admin token file {os.fspath(path)} must hold one word of "
+                         "printable ASCII (e.g. the output of `openssl rand -hex 32`)") from None
     if not token or not all("!" <= c <= "~" for c in token):
         raise ValueError(f"the admin token file {os.fspath(path)} must hold one word of "
                          "printable ASCII (e.g. the output of `openssl rand -hex 32`)")

@@ -202,12 +202,16 @@ def _value(kind: str, value: object, where: str) -> object:
         return value
     if kind == "exhausted":
         if value not in ("bury", "dead-letter"):
-            raise ConfigError(f'{where}: expected "bury" or "dead-letter", got {value!r}')
+            raise ConfigError(f'{where}: expected "bury" or "dead-letter" ("bury" undoes a '
+                              f'"dead-letter" of tubes.default), got {value!r}')
         return value
+    if value in ("", 0) and not isinstance(value, bool) and kind in ("backoff", "rate"):
+        return (0, 0)  # off, over the default's (docs/CONFIG.md)
     if kind == "backoff":
         m = _BACKOFF.match(value) if isinstance(value, str) else None
         if not m:
-            raise ConfigError(f'{where}: expected a base and a cap like "5s..10m", got {value!r}')
+            raise ConfigError(f'{where}: expected a base and a cap like "5s..10m" (or "" for '
+                              f"none), got {value!r}")
         base = parse_duration(m.group(1), where)
         cap = parse_duration(m.group(2), where)
         if not 0 < base <= cap:
@@ -216,8 +220,8 @@ def _value(kind: str, value: object, where: str) -> object:
     if kind == "rate":
         m = _RATE.match(value) if isinstance(value, str) else None
         if not m or int(m.group(1)) < 1:
-            raise ConfigError(f'{where}: expected reserves per period like "100/s" (or /m, /h), '
-                              f"got {value!r}")
+            raise ConfigError(f'{where}: expected reserves per period like "100/s" (or /m, /h; '
+                              f'"" for no limit), got {value!r}')
         return (int(m.group(1)), _PER[m.group(2)])
     if not isinstance(value, str) or (value and not TUBE_NAME.match(value)):
         raise ConfigError(f"{where}: expected a tube name, got {value!r}")

@@ -49,7 +49,8 @@ def _read(path: Path, flag: str) -> str:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
-        raise TLSFileError(f"{flag} {path}: {e.strerror or e}") from None
+        raise TLSFileError(f"{flag} {path}: {e.strerror or e}: give the path of a readable "
+                           "PEM file") from None
     return data.decode("ascii", errors="replace")
 
 
@@ -84,6 +85,18 @@ def _check_ca(ca: Path, flag: str) -> None:
 
 def _ssl_error(e: ssl.SSLError, flag: str, ca: Path) -> TLSFileError:
     return TLSFileError(f"{flag} {ca}: cannot load: {e.reason or e}")
+
+
+def contexts_for(cfg) -> Contexts:
+    """The TLS contexts a server's settings (config.ServeConfig) ask for, from
+    files read now; TLSFileError names a file the server cannot use. `serve`
+    reads them before -u and recovery, `config dump --config` to check a file."""
+    server = replica = None
+    if cfg.tls_cert is not None and cfg.tls_key is not None:
+        server = server_context(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
+    if cfg.replica_tls_ca is not None or cfg.replica_tls_cert is not None:
+        replica = replica_context(cfg.replica_tls_ca, cfg.replica_tls_cert, cfg.replica_tls_key)
+    return Contexts(server, replica)
 
 
 def server_context(cert: Path, key: Path, client_ca: Path | None = None) -> ssl.SSLContext:

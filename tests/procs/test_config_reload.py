@@ -156,6 +156,26 @@ def test_sighup_warns_that_server_settings_need_a_restart(configured) -> None:
         assert c.call(put_cmd(b"x" * 150)).status == b"JOB_TOO_BIG"
 
 
+def test_sighup_says_which_changed_settings_a_flag_overrides(tmp_path: Path,
+                                                            servers: list[Server]) -> None:
+    """A key a flag sets is not "pending a restart": the file's value is not used."""
+    port = free_port()
+    path = write(tmp_path, SERVED.format(port=port))
+    srv = start_with_config(tmp_path, path, port, "-z", "300")
+    servers.append(srv)
+    start = srv.log_path.stat().st_size
+    path.write_text(SERVED.format(port=port).replace("max-job-size = 100", "max-job-size = 200")
+                    .replace('data-dir = "data"', 'data-dir = "data2"'))
+    os.kill(srv.pid, signal.SIGHUP)
+    wait_for_log(srv.log_path, "the file's values are not used", srv.proc, timeout=30,
+                 start=start)
+    log = srv.log()[start:]
+    assert "(data-dir): they take effect only on a restart" in log
+    assert "(max-job-size): a command-line flag sets them" in log
+    with Client(srv.port) as c:  # the flag's size, still
+        assert c.call(put_cmd(b"x" * 250)).status == b"INSERTED"
+
+
 def test_reload_config_command(configured) -> None:
     srv, path = configured
     good = path.read_text()

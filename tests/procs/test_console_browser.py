@@ -313,7 +313,7 @@ def test_an_unusable_http_address_is_one_line(tmp_path) -> None:
             [sys.executable, "-m", "smallstalk", "serve", "-l", "127.0.0.1", "-p",
              str(free_port()), "--http", f"127.0.0.1:{port}"],
             capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert out.returncode == 5
+    assert out.returncode == 111  # as for -p (docs/OPERATIONS.md's exit statuses)
     assert out.stderr.strip().splitlines() == [
         f"smallstalk: --http 127.0.0.1:{port}: cannot listen there (Address already in use)"]
 

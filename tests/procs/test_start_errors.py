@@ -80,6 +80,20 @@ def test_a_data_dir_that_is_a_file(tmp_path: Path) -> None:
     one_line_error(proc, 1, str(path / "below"), "Not a directory")
 
 
+def test_a_data_dir_link_to_nowhere_and_a_file_where_a_folder_belongs(tmp_path: Path) -> None:
+    link = tmp_path / "data"
+    link.symlink_to(tmp_path / "gone" / "data")
+    proc = run("serve", "-p", str(free_port()), "-b", str(link))
+    one_line_error(proc, 1, str(link), "which does not exist", "create that directory")
+    assert not (tmp_path / "gone").exists()
+    data = tmp_path / "d2"
+    data.mkdir()
+    (data / "aof").write_text("not the segments' folder")
+    proc = run("serve", "-p", str(free_port()), "-b", str(data))
+    one_line_error(proc, 1, str(data / "aof"), "move it out of the way")
+    assert (data / "aof").read_text() == "not the segments' folder"
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="-u needs root to become another user")
 def test_a_data_dir_the_user_cannot_write() -> None:
     """-u nobody happens before the data directory is read: root's directory is refused."""

@@ -20,6 +20,7 @@ from smallstalk.config import (
 from smallstalk.core.state import BUILD
 from smallstalk.launch import listen_address
 from smallstalk.ops import config_dump as configcmd
+from smallstalk.server import tls
 from smallstalk.server.policy import TubePolicy, render
 from smallstalk.storage.aof import FSYNC_ALWAYS, FSYNC_INTERVAL, FSYNC_NEVER
 
@@ -208,6 +209,31 @@ def test_max_memory_flag() -> None:
         parse_serve(["--max-memory", "a lot"])
 
 
+def test_flags_take_what_the_file_takes() -> None:
+    """Each flag reads its value as the [server] key of its name does."""
+    cfg = parse("--keep-segments-bytes", "2GB", "--compact-interval", "10s", "-z", "64k",
+                "--segment-bytes", "1MiB", "--replica-ack-timeout", "1.5",
+                "--keep-segments-hours", "0.5", "--fsync-interval", "250")
+    assert (cfg.keep_bytes, cfg.compact_interval, cfg.max_job_size) == (2 << 30, 10.0, 64 << 10)
+    assert (cfg.segment_bytes, cfg.replica_ack_timeout, cfg.keep_hours) == (1 << 20, 1.5, 0.5)
+    assert cfg.fsync_interval == 0.25
+    assert parse("-s", "1k").segment_bytes == 4096  # the least, as from the file
+    for argv, words in ((["--compact-interval", "soon"], 'like "15m"'),
+                        (["--segment-records", "-3"], "whole number >= 0"),
+                        (["-z", "big"], 'like 65536 or "64MB"')):
+        with pytest.raises(UsageError, match=words) as e:
+            parse_serve(argv)
+        assert str(e.value).startswith(argv[0])
+
+
+def test_the_keys_flags_set_are_known(tmp_path: Path) -> None:
+    """A reload says which changed keys a flag overrides (cli._reload)."""
+    path = str(write(tmp_path, "[server]\nport = 1\n"))
+    cfg = parse("--config", path, "-p", "5", "-F", "--no-compact", "--max-memory", "1MB", "-V")
+    assert cfg.flag_keys == {"port", "fsync", "compact", "max-memory"}
+    assert parse("--config", path).flag_keys == frozenset()
+
+
 def test_help_mentions_the_file_and_max_memory() -> None:
     assert parse_serve(["-h"]) == SERVE_HELP
     assert "--config FILE" in SERVE_HELP and "--max-memory BYTES" in SERVE_HELP
@@ -272,6 +298,25 @@ def test_config_dump_of_a_bad_file_names_the_key(tmp_path: Path) -> None:
     code, out, err = run_dump("--config", str(path))
     assert code == 1 and out == ""
     assert str(path) in err and "'bogus'" in err
+
+
+@pytest.mark.parametrize("text, words", [
+    ('[server]\ntls-cert = "c.pem"\ntls-key = "k.pem"\n', "--tls-cert is for --tls-port"),
+    ("[server]\nplaintext = false\n", "leaves nothing to listen on"),
+    ('[server]\nadmin-token-file = "nosuch"\n', "cannot read the admin token file"),
+    ('[ha]\netcd = "http://etcd:2379"\n', "--ha-etcd needs a data directory"),
+    ('[server]\ntls-port = 11999\ntls-cert = "c.pem"\ntls-key = "k.pem"\n',
+     "c.pem: No such file or directory: give the path of a readable PEM file"),
+])
+def test_config_dump_refuses_what_serve_refuses(tmp_path: Path, text: str, words: str) -> None:
+    """`config dump --config` checks the file as a start would: settings that
+    do not fit together, a token or certificate file that cannot be read."""
+    path = write(tmp_path, text)
+    code, out, err = run_dump("--config", str(path))
+    assert code == 1 and out == "" and words in err and err.count("\n") == 1
+    # ...where `serve --config` stops too: parsing, or reading the certificate.
+    with pytest.raises((UsageError, tls.TLSFileError)):
+        tls.contexts_for(parse_serve(["--config", str(path)]))
 
 
 def test_config_dump_usage() -> None:

@@ -55,6 +55,22 @@ def test_mistakes_are_one_line(table: dict, words: str) -> None:
     assert str(e.value).startswith("f.toml: tubes.q")
 
 
+def test_a_named_tube_turns_the_default_s_back_off_off() -> None:
+    """0 or "" in a tube's own table turns off what [tubes.default] sets
+    (docs/CONFIG.md), for the back-offs as for every limit; a rate too."""
+    pol = policies_from({"tubes": {
+        "default": {"timeout-backoff": "5s..1m", "release-backoff": "1s..5s"},
+        "fast": {"timeout-backoff": "", "release-backoff": 0, "max-rate": ""},
+        "slow": {"max-rate": "5/s"}}})
+    fast, other = pol.of("fast"), pol.of("other")
+    assert (fast.timeout_backoff, fast.release_backoff, fast.max_rate) == ((0, 0), (0, 0), (0, 0))
+    assert not fast.holds_back
+    assert other.timeout_backoff == (5, 60) and other.holds_back
+    assert pol.of("slow").max_rate == (5, 1)
+    with pytest.raises(ConfigError, match='"bury" undoes'):
+        policies_from(tubes(q={"on-exhausted": ""}))
+
+
 def test_limits_belong_to_named_tubes() -> None:
     for key, value in (("max-reserved", 2), ("max-rate", "5/s")):
         with pytest.raises(ConfigError, match="set it in each"):
