@@ -21,3 +21,8 @@ cdef class Queries:
     cpdef best_ready(self, cid, now)
     cpdef next_grant(self, now)
     cpdef _top_ready(self, Tube t)
+    # Each turn's timer pass (server/timers.py) asks these three when nothing
+    # is due: C calls.
+    cpdef drop_ended_reservations(self)
+    cpdef might_be_due(self, now)
+    cpdef waiters_maybe_due(self, now)

@@ -252,7 +252,7 @@ class Queries:
                 out.append(jid)
         return out
 
-    def might_be_due(self, now: int) -> bool:
+    def might_be_due(self, now) -> bool:  # unannotated: queries.pxd
         """Could `due_promotions`, `due_timeouts` or `due_expiries` return
         anything at `now`? False is certain; True may find only stale entries.
 
@@ -399,7 +399,7 @@ class Queries:
             heappop(h)
         return None
 
-    def waiters_maybe_due(self, now: int) -> bool:
+    def waiters_maybe_due(self, now) -> bool:  # unannotated: queries.pxd
         """Could `waiters_due(now)` answer anyone? Without walking the waiters:
         the earliest wait deadline, and the few waiters that hold jobs.
 
@@ -409,7 +409,10 @@ class Queries:
         d = self._wait_top()
         if d is not None and d <= now:
             return True
-        return any(self.deadline_soon(cid, now) for cid in self.waiters_holding)
+        for cid in self.waiters_holding:  # (a loop: a cpdef method holds no closure)
+            if self.deadline_soon(cid, now):
+                return True
+        return False
 
     def waiters_due(self, now: int) -> list[tuple[int, bool]]:
         """Waiting conns to answer now, oldest first: (cid, True) when a job it

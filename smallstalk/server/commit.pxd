@@ -16,7 +16,7 @@ cdef class GroupCommit:
     cdef public object turn_seq0, turn_puts, holds
     # Each turn's start and its replies' collection, from the loop and the
     # commit's own end of a turn: C calls.
-    cpdef begin_turn(self)
+    cpdef begin_turn(self, seq0, bint leased)
     cpdef bint finish_turn_now(self, list calls)
     cpdef _committed(self, list calls)
     cpdef _commit_failed(self, list calls, e)

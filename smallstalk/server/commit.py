@@ -145,9 +145,11 @@ class GroupCommit:
 
     # --- what the loop tells it, per turn, session and command ------------------------
 
-    def begin_turn(self) -> None:
-        self.turn_seq0 = self.owner.state.last_seq
-        self.holds = bool(self.min_replica_acks) or self.owner.lease_until != inf
+    def begin_turn(self, seq0, leased) -> None:
+        """A turn starts after record `seq0` (an int), under a leader lease or
+        not (`leased`, a bool): the loop passes both, which it reads typed."""
+        self.turn_seq0 = seq0
+        self.holds = bool(self.min_replica_acks) or leased
 
     def touch(self, s: Session) -> None:
         """`s` may have replies this turn: the turn's end collects them."""

@@ -544,12 +544,12 @@ class MutationLoop(Roles):
         its commit need not wait: None. Else its calls: the caller awaits
         `commit.finish_turn(calls)` (`_finish_turn`), which ends it."""
         self.now = self.clock()
-        if self.lease_until != inf and not self.read_only \
-                and trio.current_time() >= self.lease_until:
+        leased = self.lease_until != inf
+        if leased and not self.read_only and trio.current_time() >= self.lease_until:
             self.fence("ha: the leader lease ran out")  # e.g. after a pause of the process
         c = self.commit
         calls: list[tuple[list, trio.Event]] = []
-        c.begin_turn()
+        c.begin_turn(self.state.last_seq, leased)
         # Each session runs at most one slice per turn: those left over from
         # the last turn run after the batch, not also in it.
         runnable, self.runnable = self.runnable, {}
