@@ -197,16 +197,23 @@ class Model:
         for c in sorted(self.conns.values(), key=lambda c: c.order):
             self._disconnect(c.label)
 
+    def _new_job(self, jid: int, tube: str, pri: int, delay: int, ttr: int, body: str,
+                 seq: int, expires: tuple[int, int] | None = None) -> MJob:
+        """Job `jid`, made by record `seq`, counted in its tube and the totals."""
+        t = self._tube(tube)
+        j = self.jobs[jid] = MJob(jid, tube, pri, delay, ttr, body, created=seq,
+                                  expires=expires)
+        self.next_job_id = jid + 1
+        self.total_jobs += 1
+        t.jobs += 1
+        t.total_jobs += 1
+        return j
+
     def put(self, client: str, tube: str, pri: int, delay: int, ttr: int, body: str) -> int:
         jid = self.next_job_id
         seq = self._record("put", client, id=jid, tube=tube, pri=pri, delay=delay, ttr=ttr,
                            body=body)
-        t = self._tube(tube)
-        j = self.jobs[jid] = MJob(jid, tube, pri, delay, ttr, body, created=seq)
-        self.next_job_id += 1
-        self.total_jobs += 1
-        t.jobs += 1
-        t.total_jobs += 1
+        j = self._new_job(jid, tube, pri, delay, ttr, body, seq)
         self._enqueue(j, delay, seq)
         return jid
 
@@ -240,13 +247,7 @@ class Model:
             t.discarded_n += 1
             self._maybe_drop(t)
         for jid, name in jobs:
-            t = self._tube(name)
-            j = self.jobs[jid] = MJob(jid, name, pri, delay, ttr, body, created=seq,
-                                      expires=expires)
-            self.next_job_id = jid + 1
-            self.total_jobs += 1
-            t.jobs += 1
-            t.total_jobs += 1
+            j = self._new_job(jid, name, pri, delay, ttr, body, seq, expires)
             self._enqueue(j, delay, seq)
         return jobs[0][0]
 
@@ -268,12 +269,7 @@ class Model:
         seq = self._record("put-unique", client, tube=tube, key=key, unique_for=window,
                            keys_max=keys_max, jobs=[[jid, tube]], pri=pri, delay=0, ttr=ttr,
                            expires=0, dropped=[], body=body)
-        t = self._tube(tube)
-        self.jobs[jid] = MJob(jid, tube, pri, 0, ttr, body, created=seq)
-        self.next_job_id += 1
-        self.total_jobs += 1
-        t.jobs += 1
-        t.total_jobs += 1
+        self._new_job(jid, tube, pri, 0, ttr, body, seq)
         k = self.keys.setdefault(tube, {"live": {}, "gone": []})
         k["window"], k["keys_max"] = window, keys_max
         k["live"][key] = jid
@@ -376,12 +372,7 @@ class Model:
         jid = self.next_job_id
         seq = self._record("fire", schedule=name, at=at, id=jid, tube=tube, pri=pri, delay=0,
                            ttr=ttr, body=body)
-        t = self._tube(tube)
-        self.jobs[jid] = MJob(jid, tube, pri, 0, ttr, body, created=seq)
-        self.next_job_id += 1
-        self.total_jobs += 1
-        t.jobs += 1
-        t.total_jobs += 1
+        self._new_job(jid, tube, pri, 0, ttr, body, seq)
         self.schedules[name] = (at, jid)
         return jid
 
