@@ -14,9 +14,9 @@ MemcacheHandler answers):
 - `set <queue> <flags> <expiry> <bytes> [noreply]` + body: enqueue. Flags are
   ignored; expiry is memcache's (seconds from now below 1,000,000, a Unix
   time above, 0 for never).
-- `get <queue>[/t=<ms>][/open][/close][/abort][/peek]` (`gets` alike; keys
-  after the first are ignored, as kestrel does): dequeue, wait, reliable
-  reads. `/peek` or `/abort` with `/open` or `/close`, `/peek` with
+- `get <queue>[/t=<ms>][/open][/close][/abort][/peek]` (`gets` alike, with
+  the job's id as memcache's cas field; keys after the first are ignored, as
+  kestrel does): dequeue, wait, reliable reads. `/peek` or `/abort` with `/open` or `/close`, `/peek` with
   `/abort`, or no queue name: `CLIENT_ERROR`, then the connection closes.
 - `delete <queue>`, `flush <queue>`, `flush_all`, `stats`, `dump_stats
   [queue ...]`, `version`, `shutdown`, `reload`, `quit`; and smallstalk's
@@ -59,7 +59,8 @@ FLUSHED_ALL = b"Flushed all queues.\r\n"  # kestrel's words
 RELOADED = b"Reloaded config.\r\n"  # kestrel's words
 
 # The queue name is followed by options; `/` cannot be part of it.
-NAME_ERROR = b"CLIENT_ERROR bad queue name (letters, digits and -+;.$_() only)\r\n"
+NAME_ERROR = (b"CLIENT_ERROR bad queue name (up to 200 letters, digits and -+;.$_(), "
+              b"not starting with -)\r\n")
 
 
 def client_error(why: str) -> bytes:
@@ -90,6 +91,7 @@ class McGet:
     # The key as the client sent it, options and all: the VALUE line names it
     # (kestrel named the queue alone; clients that check the key need this).
     key: bytes = b""
+    cas: bool = False  # `gets`: the VALUE line carries a cas number (the job's id)
 
 
 @attrs.frozen(slots=True)
@@ -157,8 +159,9 @@ def valid_queue_name(name: bytes) -> bool:
     return b"/" not in name and valid_tube_name(name)
 
 
-def parse_get(key: bytes) -> McGet | McError:
-    """`queue/opt/opt...` as kestrel reads it (unknown options are ignored)."""
+def parse_get(key: bytes, cas: bool = False) -> McGet | McError:
+    """`queue/opt/opt...` as kestrel reads it (unknown options are ignored);
+    `cas`: asked with `gets`."""
     name, *opts = key.split(b"/")
     timeout = None
     flags = {b"open": False, b"close": False, b"abort": False, b"peek": False}
@@ -176,7 +179,7 @@ def parse_get(key: bytes) -> McGet | McError:
                        True)
     if not valid_queue_name(name):
         return McError(NAME_ERROR)
-    return McGet(name.decode("ascii"), timeout, opening, closing, aborting, peeking, key)
+    return McGet(name.decode("ascii"), timeout, opening, closing, aborting, peeking, key, cas)
 
 
 def _noreply(args: list[bytes], at: int) -> bool:
@@ -186,8 +189,8 @@ def _noreply(args: list[bytes], at: int) -> bool:
 def _queue_command(cls: type, args: list[bytes]) -> McEvent:
     if len(args) < 2:
         return McError(client_error("no queue name"))
-    if not valid_queue_name(args[1]):
-        return McError(NAME_ERROR)
+    if not valid_queue_name(args[1]):  # under noreply, no answer even to this
+        return McError(b"" if _noreply(args, 2) else NAME_ERROR)
     return cls(args[1].decode("ascii"), _noreply(args, 2))
 
 
@@ -228,8 +231,8 @@ def parse_line(line: bytes) -> McEvent | _SetHeader:
         return _parse_set(args)
     if word in (b"get", b"gets"):
         if len(args) < 2:
-            return McError(client_error("no queue name"))
-        return parse_get(args[1])
+            return McError(client_error("no queue name"), True)
+        return parse_get(args[1], word == b"gets")
     if word == b"delete":
         return _queue_command(McDelete, args)
     if word == b"flush":
@@ -338,7 +341,7 @@ class Parser:
                 if type(ev) is _SetHeader:
                     if ev.size > self.max_job_size:
                         self._mode = _SKIP
-                        self._skip = ev.size + 2
+                        self._skip = ev.size  # then its CRLF, checked as a body's
                         self._set = ev
                     else:
                         self._mode = _BODY
@@ -370,10 +373,19 @@ class Parser:
                 self._skip -= take
                 if self._skip:
                     break
+                if n - pos < 2:
+                    break
+                ok = buf[pos:pos + 2] == b"\r\n"
+                pos += 2
                 hdr = self._set
                 self._mode = _LINE
                 self._set = None
-                out.append(McSet(hdr.queue or "", hdr.expiry, b"", hdr.noreply, too_big=True))
+                if not ok:
+                    out.append(McError(client_error("bad data chunk"), True))
+                    self._mode = _DEAD
+                else:
+                    out.append(McSet(hdr.queue or "", hdr.expiry, b"", hdr.noreply,
+                                     too_big=True))
         if self._mode == _DEAD:
             buf.clear()
         elif pos:
@@ -384,8 +396,11 @@ class Parser:
 # --- replies -------------------------------------------------------------------------
 
 
-def value(key: bytes, body: bytes) -> bytes:
-    """An item handed out, under the key the client asked with (see `McGet.key`)."""
+def value(key: bytes, body: bytes, cas: int | None = None) -> bytes:
+    """An item handed out, under the key the client asked with (see `McGet.key`);
+    with `cas` (a `gets`), memcache's fifth field."""
+    if cas is not None:
+        return b"VALUE %s 0 %d %d\r\n%s\r\nEND\r\n" % (key, len(body), cas, body)
     return b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (key, len(body), body)
 
 
@@ -423,7 +438,7 @@ def render(cmd: McCommand) -> bytes:
         for name in ("close", "open", "abort", "peek"):
             if getattr(cmd, name):
                 opts += b"/" + name.encode()
-        return b"get %s%s\r\n" % (cmd.queue.encode(), opts)
+        return b"%s %s%s\r\n" % (b"gets" if cmd.cas else b"get", cmd.queue.encode(), opts)
     if t in (McDelete, McFlush):
         word = b"delete" if t is McDelete else b"flush"
         return b"%s %s%s\r\n" % (word, cmd.queue.encode(), b" noreply" if cmd.noreply else b"")

@@ -91,24 +91,25 @@ class McSession:
     """A memcache connection's side of its session (Session.dialect): its
     parser, and what a GET that waits wants once a job comes."""
 
-    __slots__ = ("service", "key", "mode")
+    __slots__ = ("service", "key", "mode", "cas")
 
     def __init__(self, service: McService) -> None:
         self.service = service
         self.key = b""  # the waiting GET's key, as sent
         self.mode = TAKE
+        self.cas = False  # the waiting GET was a `gets`
 
     def parser(self, max_job_size: int) -> m.Parser:
         return m.Parser(max_job_size)
 
-    def waits_for(self, key: bytes, mode: int) -> None:
-        """A GET waits (its key as sent, and TAKE, OPEN or PEEK)."""
-        self.key, self.mode = key, mode
+    def waits_for(self, key: bytes, mode: int, cas: bool = False) -> None:
+        """A GET waits (its key as sent, TAKE, OPEN or PEEK, and whether a `gets`)."""
+        self.key, self.mode, self.cas = key, mode, cas
 
     def granted(self, lp: dispatch.Loop, s: Session, job: Job) -> bytes:
         """A job for the waiting GET (loop.MutationLoop.grant_waiters): take it as
         the GET asked. Its records, or a WaitStop, end the wait."""
-        return _take(lp, s, self.key, job, self.mode, waiting=True)
+        return _take(lp, s, self.key, job, self.mode, waiting=True, cas=self.cas)
 
     def wait_ended(self, reply: bytes) -> bytes:
         """The wait ran out (or the client half-closed): an empty answer."""
@@ -117,7 +118,7 @@ class McSession:
 
 
 def _take(lp: dispatch.Loop, s: Session, key: bytes, job: Job, mode: int,
-          waiting: bool = False) -> bytes:
+          waiting: bool = False, cas: bool = False) -> bytes:
     try:
         body = lp.body_of(job)  # before a Delete: read-behind may drop the file
     except BodyError as e:
@@ -133,7 +134,7 @@ def _take(lp: dispatch.Loop, s: Session, key: bytes, job: Job, mode: int,
         if waiting:
             lp.volatile(r.WaitStop, s.id)
     s.dialect.service.taken(job, lp.now)
-    return m.value(key, body)
+    return m.value(key, body, job.id if cas else None)  # a `gets`: the id as its cas
 
 
 def open_read(st: State, cid: int, queue: str) -> Job | None:
@@ -231,12 +232,12 @@ def mc_get(lp: dispatch.Loop, s: Session, cmd: m.McGet):
         key = cmd.key or cmd.queue.encode()
         job = _head(st, cmd.queue, lp.now)
         if job is not None:
-            return _take(lp, s, key, job, mode)
+            return _take(lp, s, key, job, mode, cas=cmd.cas)
         if not cmd.timeout_ms or s.halfclosed or lp.read_only:
             svc.count("get_misses")
             return m.END
         _watch_only(lp, s, cmd.queue)
-        s.dialect.waits_for(key, mode)
+        s.dialect.waits_for(key, mode, cmd.cas)
         lp.state.start_wait(s.id, lp.now + cmd.timeout_ms * MS)
         return dispatch.BLOCK
     except Unavailable:

@@ -134,8 +134,8 @@ SCRIPT = [
     (b"get work/t=50\r\n", b"END\r\n"),
     (b"set work 0 0 0\r\n\r\n", b"STORED\r\n"),
     (b"GET work\r\n", b"VALUE work 0 0\r\n\r\nEND\r\n"),
-    (b"set a/b 0 0 1\r\nx\r\n", b"CLIENT_ERROR bad queue name (letters, digits and -+;.$_() "
-     b"only)\r\n"),
+    (b"set a/b 0 0 1\r\nx\r\n", b"CLIENT_ERROR bad queue name (up to 200 letters, digits and "
+     b"-+;.$_(), not starting with -)\r\n"),
     (b"version\r\n", None),  # VERSION <smallstalk's>
     (b"flush work\r\n", b"END\r\n"),
     (b"delete work\r\n", b"DELETED\r\n"),
@@ -215,6 +215,25 @@ def test_pymemcache_produces_and_consumes_with_reliable_reads_across_a_dropped_c
     with pytest.raises(MemcacheClientError):
         again.get("tasks/open/peek")
     assert again.version()
+
+
+def test_pymemcache_gets_and_a_silent_delete_of_a_bad_name_lose_nothing(server) -> None:
+    """pymemcache sends `delete` with noreply: a bad name must not answer (an
+    answer would be read as the next get's, and that get's item lost); its
+    `gets` expects a cas field, which is the job's id."""
+    c = mc(server)
+    assert c.set("keep", b"K1", noreply=False) and c.set("keep", b"K2", noreply=False)
+    c.delete("bad~q")  # noreply: nothing comes back
+    assert c.get("keep") == b"K1"
+    value, cas = c.gets("keep")
+    assert value == b"K2" and int(cas) > 0
+    assert c.get("keep/peek") is None  # taken, as a get takes it
+    c.set("keep", b"K3", noreply=False)
+    with connect(server.port) as bs:  # the cas is the beanstalkd job's id
+        bs.call(b"use keep\r\n")
+        peeked = bs.call(b"peek-ready\r\n")
+    value, cas = c.gets("keep/peek")
+    assert value == b"K3" and peeked.status == b"FOUND" and peeked.args[0] == cas
 
 
 def test_a_job_crosses_from_memcache_to_beanstalkd_and_back(server) -> None:

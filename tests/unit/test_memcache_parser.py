@@ -36,7 +36,7 @@ CASES = [
     (b"set work 0 0 1 maybe\r\n", [fatal("bad command line format")]),
     (b"set a/b 0 0 1\r\nx\r\nversion\r\n", [m.McError(m.NAME_ERROR), m.McVersion()]),
     (b"get work\r\n", [m.McGet("work", key=b"work")]),
-    (b"gets work other\r\n", [m.McGet("work", key=b"work")]),  # kestrel reads one key
+    (b"gets work other\r\n", [m.McGet("work", key=b"work", cas=True)]),  # one key, as kestrel
     (b"get work/t=500/open\r\n", [m.McGet("work", 500, open=True, key=b"work/t=500/open")]),
     (b"GET work/close/open\r\n",
      [m.McGet("work", None, open=True, close=True, key=b"work/close/open")]),
@@ -51,7 +51,9 @@ CASES = [
     (b"get work/peek/abort\r\n", [fatal("bad option combination")]),
     (b"get /close/open\r\n", [fatal("no queue name")]),
     (b"get work/t=soon\r\n", [fatal("bad /t= timeout (milliseconds)")]),
-    (b"get\r\n", [m.McError(m.client_error("no queue name"))]),
+    (b"get\r\n", [fatal("no queue name")]),  # as docs/KESTREL.md says: closed
+    (b"delete bad~q noreply\r\nflush bad~q noreply\r\nflush bad~q\r\n",
+     [m.McError(b""), m.McError(b""), m.McError(m.NAME_ERROR)]),  # noreply: not a word
     (b"get -bad\r\n", [m.McError(m.NAME_ERROR)]),
     (b"delete work\r\nflush work noreply\r\nflush_all\r\nflush_all 0 noreply\r\n",
      [m.McDelete("work"), m.McFlush("work", True), m.McFlushAll(), m.McFlushAll(True)]),
@@ -95,26 +97,35 @@ def test_an_oversized_body_is_skipped_without_being_held() -> None:
     for _ in range(100):
         parser.feed(b"z" * 1000)
         assert parser.events() == [] and parser.buffered() == 0
-    parser.feed(b"\r\nset work 0 0 1 noreply\r\n")
+    parser.feed(b"\r")
+    assert parser.events() == [] and parser.buffered() == 1  # its CRLF, not yet whole
+    parser.feed(b"\nset work 0 0 1 noreply\r\n")
     parser.feed(b"x\r\n")
     assert parser.events() == [m.McSet("work", 0, b"", too_big=True),
                                m.McSet("work", 0, b"x", noreply=True)]
+    # An oversized body not followed by CRLF is the same error as a body's.
+    for chunk in (None, 1, 7):
+        assert parse_all(b"set work 0 0 100\r\n" + b"z" * 100 + b"XXversion\r\n", chunk,
+                         max_job_size=10) == [fatal("bad data chunk")]
 
 
 def test_render_is_the_inverse_of_parsing() -> None:
     cmds = [m.McSet("work", 30, b"body\r\n"), m.McSet("w", 0, b"", noreply=True),
             m.McGet("work", 250, open=True, close=True), m.McGet("work", peek=True),
+            m.McGet("work", cas=True),
             m.McDelete("a+b"), m.McFlush("work", True), m.McFlushAll(), m.McStats(),
             m.McDumpStats(("a", "b")), m.McVersion(), m.McReload(), m.McShutdown(),
             Auth("tok")]
     data = b"".join(m.render(c) for c in cmds)
     got = parse_all(data, 7)
     assert [g if type(g) is not m.McGet else type(g)(*[getattr(g, f) for f in
-            ("queue", "timeout_ms", "open", "close", "abort", "peek")]) for g in got] == cmds
+            ("queue", "timeout_ms", "open", "close", "abort", "peek")], cas=g.cas)
+            for g in got] == cmds
 
 
 def test_replies_are_memcache_lines() -> None:
     assert m.value(b"work/open", b"hi") == b"VALUE work/open 0 2\r\nhi\r\nEND\r\n"
+    assert m.value(b"work", b"hi", 42) == b"VALUE work 0 2 42\r\nhi\r\nEND\r\n"  # gets
     assert m.stat_lines([("uptime", 3), ("queue_a_items", 0)]) == \
         b"STAT uptime 3\r\nSTAT queue_a_items 0\r\nEND\r\n"
     assert m.dump_stats([("a", [("items", 1)])]) == b"queue 'a' {\r\n  items=1\r\n}\r\nEND\r\n"
