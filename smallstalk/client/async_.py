@@ -108,7 +108,12 @@ class AsyncClient:
         if not cmds:
             return []
         replies = await self._send(i, cmds, req.wait)
-        return self._core.incoming(i, cmds, n_pre, replies)
+        stale = self._core.out_of_step(cmds, replies)
+        try:
+            return self._core.incoming(i, cmds, n_pre, replies)
+        finally:
+            if stale:
+                await self._drop(i)
 
     async def _open(self, i: int) -> None:
         server = self._core.servers[i]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 import time
+import zlib
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeAlias, TypeVar
 
@@ -140,6 +141,12 @@ class _Core:
         self._down_until = [0.0] * n
         self._next_put = random.randrange(n)
         self._next_reserve = random.randrange(n)
+        # The servers are one replicated cluster's members (a replica, or an HA
+        # member without the leader lock, answered READ_ONLY; or one said so in
+        # `ext-stats`): any of them may take a keyed put, which the others know
+        # by replication. Until then they are independent servers, and a key
+        # goes to its own server only (`_put_keyed`).
+        self.replicated = False
 
     # Driver hooks -----------------------------------------------------------
 
@@ -197,6 +204,16 @@ class _Core:
         if error is not None:
             raise error
         return replies[n_pre:]
+
+    def out_of_step(self, sent: list[p.Command], replies: list[Reply]) -> bool:
+        """Did a server that does not know a command with a body (beanstalkd,
+        sent put-unique, put-expiring, search-jobs or bulk-jobs) answer
+        UNKNOWN_COMMAND? It then reads the body as commands of its own and
+        answers those too: the driver drops the connection, whose next reply
+        would belong to no command of ours."""
+        return any(r.word == b"UNKNOWN_COMMAND" and (hasattr(cmd, "body")
+                                                       or hasattr(cmd, "pattern"))
+                   for cmd, r in zip(sent, replies, strict=True))
 
     # Helpers ------------------------------------------------------------------
 
@@ -291,7 +308,8 @@ class _Core:
             cmd = p.PutUnique(_check_key(key), _check_uint(priority, "priority"),
                               _check_uint(delay, "delay"), _check_uint(ttr, "ttr"), _body(body))
             cmds, at = self._with_tube(tube, cmd)
-            return (yield from self._put_keyed(cmds, at, server, retries))
+            home = self._home(self.using if tube is None else tube, key)
+            return (yield from self._put_keyed(cmds, at, server, retries, home))
         cmd = p.Put(_check_uint(priority, "priority"), _check_uint(delay, "delay"),
                     _check_uint(ttr, "ttr"), _body(body), _check_uint(max_age, "max_age"))
         cmds, at = self._with_tube(tube, cmd)
@@ -320,31 +338,49 @@ class _Core:
                 self._mark_down(i)
                 raise
             except Draining as e:
+                self._mark_down(i)  # it stores nothing more: puts keep away a while
                 last = e
         assert last is not None
         raise last
 
-    def _put_keyed(self, cmds: tuple[p.Command, ...], at: int, server: str | None,
-                   retries: int) -> _Op[JobRef]:
-        """`put-unique` until one server answers it, `retries` rounds at most.
+    def _home(self, tube: str, key: str) -> int:
+        """The server a key belongs to among independent servers: the same for
+        every try of it, from any client that lists that server, in any order
+        (rendezvous hashing: the highest of each server's hash of the key, so
+        adding or removing a server moves only the keys that it gets or had)."""
+        name = f"\0{tube}\0{key}".encode()
+        return max(range(len(self.servers)),
+                   key=lambda i: zlib.crc32(self.servers[i].encode() + name))
 
-        A retry cannot make a second job: the server answers a key it has seen
-        with the first job's id. So a broken connection, a replica that
-        refuses (READ_ONLY: a failover under way), NOT_REPLICATED and
-        INTERNAL_ERROR all lead to the next server, and a round that found
-        none to a pause and the next round.
+    def _put_keyed(self, cmds: tuple[p.Command, ...], at: int, server: str | None,
+                   retries: int, home: int) -> _Op[JobRef]:
+        """`put-unique` until a server answers it, `retries` rounds at most.
+
+        A retry cannot make a second job where the key is known: a server
+        answers a key it has seen with the first job's id, and a replicated
+        cluster's members know each other's keys. So among one cluster's
+        members a broken connection, a replica that refuses (READ_ONLY: a
+        failover under way), NOT_REPLICATED and INTERNAL_ERROR lead to the next
+        member. Independent servers do not know each other's keys: there every
+        try goes to the key's own server (`_home`), which a round that could
+        not reach it tries again after a pause; the others are asked once
+        whether they are a cluster after all (`_learn_replicated`).
         """
         last: BeanstalkError | None = None
         pause = KEY_PAUSE
+        learned = False  # this round found the servers replicated: the next one at once
         for round_ in range(max(1, retries)):
-            if round_:
+            if round_ and not learned:
                 yield _Pause(pause)
                 pause = min(pause * 2, 4.0)
+            learned = False
             if server is not None:
                 order = [self._one_server(server)]
-            else:
+            elif self.replicated:
                 order = self._order(self._next_put)
                 self._next_put = (self._next_put + 1) % len(self.servers)
+            else:
+                order = [home]
             for i in order:
                 try:
                     replies = yield _Exchange(i, cmds)
@@ -352,10 +388,36 @@ class _Core:
                 except ConnectionFailed as e:
                     self._mark_down(i)
                     last = e
-                except (ReadOnly, Draining, NotReplicated, InternalError) as e:
+                except ReadOnly as e:
+                    # Only a cluster's member refuses a change so: stored nowhere.
+                    learned = learned or not self.replicated
+                    self.replicated = True
+                    self._mark_down(i)
                     last = e
+                except (Draining, NotReplicated, InternalError) as e:
+                    last = e
+            if (server is None and not self.replicated and self.multi
+                    and isinstance(last, ConnectionFailed)):
+                found = yield from self._learn_replicated(home)
+                learned = learned or found
         assert last is not None
         raise last
+
+    def _learn_replicated(self, home: int) -> _Op[bool]:
+        """The key's server cannot be reached: do the others say they are
+        replicas (`ext-stats` role)? Then the list is one cluster, and a
+        keyed put may go to whichever member takes writes."""
+        for i in self._live(home):
+            if i == home:
+                continue
+            try:
+                stats = yield from self.one(i, p.EXT_STATS)
+            except BeanstalkError:
+                continue  # down too, or not smallstalk: no answer either way
+            if stats.get("role") == "replica":
+                self.replicated = True
+                return True
+        return False
 
     def use(self, tube: str) -> _Op[str]:
         self.using = _check_tube(tube)

@@ -118,7 +118,12 @@ class Client:
         if not cmds:
             return []
         replies = self._send(i, cmds, req.wait)
-        return self._core.incoming(i, cmds, n_pre, replies)
+        stale = self._core.out_of_step(cmds, replies)
+        try:
+            return self._core.incoming(i, cmds, n_pre, replies)
+        finally:
+            if stale:
+                self._drop(i)
 
     def _open(self, i: int) -> None:
         server = self._core.servers[i]

@@ -37,6 +37,7 @@ from smallstalk.client import (
     ServerStats,
     TimedOut,
     TubeStats,
+    UnknownCommand,
 )
 
 from ..support.procs import (
@@ -212,6 +213,31 @@ async def error_replies(c: Any, tube: str) -> None:
 @pytest.mark.parametrize("kind", CLIENT_KINDS)
 def test_error_replies(kind: str, addr: str, tube: str) -> None:
     run_with(kind, addr, error_replies, tube)
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+def test_beanstalkd_refusing_a_command_with_a_body_leaves_the_client_in_step(
+        kind: str, shared, tube: str) -> None:
+    """beanstalkd answers smallstalk's put-unique, put-expiring and search-jobs
+    UNKNOWN_COMMAND, then reads their body as a command and answers that too:
+    the client drops the connection, and the next call gets its own reply."""
+    if beanstalkd_path() is None:
+        pytest.skip("needs beanstalkd")
+    addr = f"127.0.0.1:{shared['beanstalkd'].port}"
+
+    async def scenario(c: Any) -> None:
+        await aw(c.use(tube))
+        for refused in (lambda: c.put(b"keyed", key="k-1"),
+                        lambda: c.put(b"short", max_age=5),
+                        lambda: c.search_jobs(tube, b"x")):
+            with pytest.raises(UnknownCommand):
+                await aw(refused())
+            ref = await aw(c.put(b"after"))  # its own INSERTED, in the tube it uses
+            assert (await aw(c.peek(ref))).body == b"after"
+            assert (await aw(c.stats_job(ref))).tube == tube
+            await aw(c.delete(ref))
+
+    run_with(kind, addr, scenario)
 
 
 @pytest.mark.parametrize("kind", CLIENT_KINDS)
@@ -440,6 +466,55 @@ def test_several_servers_survive_a_dead_or_draining_one(kind: str, shared, tube:
             await aw(c.delete(await aw(c.reserve(timeout=0, tubes=[tube]))))
 
     run_with(kind, [dead_addr, live, drain_addr], scenario)
+
+
+@pytest.mark.parametrize("kind", CLIENT_KINDS)
+def test_a_key_goes_to_one_of_several_independent_servers(kind: str, tmp_path, tube: str,
+                                                          request) -> None:
+    """Independent servers do not know each other's keys: every try of a key
+    goes to the key's own server, the same for every client with the list;
+    while that one cannot answer, the put fails rather than make a second job
+    on another server."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = start_smallstalk(tmp_path / "a"), start_smallstalk(tmp_path / "b")
+    for srv in (a, b):
+        request.addfinalizer(srv.kill)
+    addrs = [f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"]
+    home_of = {}
+
+    async def scenario(c: Any) -> None:
+        for n in range(8):  # keys spread over both servers; each key's tries agree
+            refs = [await aw(c.put(b"charge %d" % n, tube=tube, key=f"order-{n}"))
+                    for _ in range(4)]
+            assert len(set(refs)) == 1, refs
+            home_of[n] = refs[0]
+        assert {r.server for r in home_of.values()} == set(addrs)
+        for server in addrs:  # one job a key, on its server alone
+            stats = await aw(c.stats_tube(tube, server=server))
+            assert stats.current_jobs_ready == sum(r.server == server
+                                                   for r in home_of.values())
+
+    run_with(kind, addrs, scenario)
+    if kind != "sync":
+        return  # the rest is the core's, which both clients share
+    # The key's server stops answering: the put fails once its rounds are
+    # over (about 16 s of pauses), and the other server gets nothing; once it
+    # answers again, the same job.
+    ref = home_of[0]
+    home = a if ref.server == addrs[0] else b
+    other = addrs[1] if ref.server == addrs[0] else addrs[0]
+    os.kill(home.pid, signal.SIGSTOP)
+    try:
+        with Client(addrs, read_timeout=0.5, connect_timeout=0.5) as c:
+            with pytest.raises(ConnectionFailed):
+                c.put(b"charge 0", tube=tube, key="order-0")
+            assert c.stats_tube(tube, server=other).current_jobs_ready == \
+                sum(r.server == other for r in home_of.values())
+    finally:
+        os.kill(home.pid, signal.SIGCONT)
+    with Client(list(reversed(addrs))) as c:  # another list order: the same server
+        assert c.put(b"charge 0", tube=tube, key="order-0") == ref
 
 
 async def smallstalk_extensions(c: Any, tube: str) -> None:

@@ -312,3 +312,45 @@ def test_failover_rounds_every_key_has_exactly_one_job(tmp_path: Path,
         total = check_exactly_once(primary, producers, f"failover round {rnd}")
     print(f"{FAILOVER_ROUNDS} failovers: {total} keys, each with exactly one job")
     assert total > 0
+
+
+def test_a_key_s_server_gone_the_client_finds_the_cluster_and_its_new_primary(
+        tmp_path: Path, servers: list[Server]) -> None:
+    """A fresh client whose key belongs (by the independent servers' rule) to
+    the primary, which is dead: it asks the other members, learns from `ext-stats`
+    that they are replicas, and takes the put to whichever is promoted; the
+    key's job is the one the old primary made (--min-replica-acks 1)."""
+    acks = ("--min-replica-acks", "1", "--replica-ack-timeout", "2")
+    primary = start_smallstalk(tmp_path, *acks, data_dir=tmp_path / "p")
+    servers.append(primary)
+    # The replica, once promoted, answers alone (no --min-replica-acks: it has no
+    # replica of its own here); the primary's acks put the key on it first.
+    replica = start_smallstalk(tmp_path, "--replica-of", f"127.0.0.1:{primary.port}",
+                               data_dir=tmp_path / "r")
+    servers.append(replica)
+    wait_for(lambda: int(ext_stats(primary.port)["replicas"]) == 1, what="the replica")
+    addrs = [f"127.0.0.1:{primary.port}", f"127.0.0.1:{replica.port}"]
+    with Client(addrs) as probe:  # a key whose server, by the rule, is the primary
+        key = next(k for k in (f"order-{n}" for n in range(100))
+                   if probe._core._home(TUBE, k) == 0)
+    with Client(addrs[0]) as c:
+        made = c.put(b"charge", tube=TUBE, key=key)
+    primary.kill()
+
+    def promote_soon() -> None:
+        time.sleep(1.5)
+        out = subprocess.run([sys.executable, "-m", "smallstalk", "promote", addrs[1]],
+                             capture_output=True, text=True, timeout=30)
+        promoted.append(out.stdout)
+
+    promoted: list[str] = []
+    promoter = threading.Thread(target=promote_soon, daemon=True)
+    promoter.start()
+    with Client(addrs, connect_timeout=1.0, read_timeout=3.0) as c:
+        ref = c.put(b"charge", tube=TUBE, key=key)
+    promoter.join(30)
+    assert promoted and promoted[0].startswith("PROMOTED"), promoted
+    assert (ref.server, ref.id) == (addrs[1], made.id)
+    with connect(replica.port) as c:
+        assert c.call(b"use %s\r\n" % TUBE.encode()).status == b"USING"
+        assert int(c.call(b"stats-tube %s\r\n" % TUBE.encode()).yaml()["current-jobs-ready"]) == 1
