@@ -22,12 +22,23 @@ class TimeLimitExceeded(Exception):
     """An async task ran into its time limit (its TTR less a second)."""
 
 
-def encode_call(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
-    return cbor2.dumps({"v": PAYLOAD_VERSION, "task": name, "args": list(args),
-                        "kwargs": dict(kwargs)})
+def encode_call(name: str, args: Sequence[Any], kwargs: Mapping[str, Any],
+                ttr: int | None = None) -> bytes:
+    """`ttr`: the job's TTR where it is not the task's own (`options(ttr=...)`),
+    so that the worker's time limit follows the job's; absent otherwise."""
+    call = {"v": PAYLOAD_VERSION, "task": name, "args": list(args), "kwargs": dict(kwargs)}
+    if ttr is not None:
+        call["ttr"] = ttr
+    return cbor2.dumps(call)
 
 
 def decode_call(body: bytes) -> tuple[str, list[Any], dict[str, Any]]:
+    name, args, kwargs, _ttr = decode_job(body)
+    return name, args, kwargs
+
+
+def decode_job(body: bytes) -> tuple[str, list[Any], dict[str, Any], int | None]:
+    """`decode_call`, and the job's own TTR if the publish gave one (None: the task's)."""
     try:
         data = cbor2.loads(body)
     except Exception as e:
@@ -36,5 +47,8 @@ def decode_call(body: bytes) -> tuple[str, list[Any], dict[str, Any]]:
             or not isinstance(data.get("task"), str) or not isinstance(data.get("args"), list)
             or not isinstance(data.get("kwargs"), dict)):
         raise BadPayload("job body is not a smallstalk task call")
-    return data["task"], data["args"], data["kwargs"]
+    ttr = data.get("ttr")
+    if ttr is not None and (type(ttr) is not int or ttr < 1):
+        raise BadPayload(f"job body's ttr is not a number of seconds: {ttr!r}")
+    return data["task"], data["args"], data["kwargs"], ttr
 

@@ -32,7 +32,7 @@ from smallstalk.client.security import Security
 from smallstalk.core.commands import RESERVE_BATCH_MAX
 
 from .batch import DeleteQueue, Finished, needs_touch
-from .codec import BadPayload, TimeLimitExceeded, UnknownTask, decode_call
+from .codec import BadPayload, TimeLimitExceeded, UnknownTask, decode_job
 from .context import JobContext, running_job, time_limit
 from .logs import log_event
 from .lottery import TubeSelector, parse_tubes
@@ -132,17 +132,21 @@ class Worker:
                     self._reserve_scopes.add(scope)
                     if self._stopping:
                         scope.cancel()
+                    batching = self.batch > 1  # what this slot's reserve will send
                     try:
                         got = await self._reserve(client)
                         errors = 0
                     except (BadFormat, UnknownCommand) as e:
-                        if self.batch == 1:
+                        if not batching:
                             raise
                         # beanstalkd reads `reserve-batch` as a malformed reserve.
-                        log_event(logging.ERROR, "worker.batch_off", slot=n, error=str(e),
-                                  why="the server does not know reserve-batch (beanstalkd?): "
-                                  "reserving one job at a time; drop --batch for it")
-                        self.batch = 1
+                        # Every slot's reserve in flight meets it: the first says so.
+                        if self.batch > 1:
+                            log_event(logging.ERROR, "worker.batch_off", slot=n, error=str(e),
+                                      why="the server does not know reserve-batch "
+                                      "(beanstalkd?): reserving one job at a time; drop "
+                                      "--batch for it")
+                            self.batch = 1
                     except BeanstalkError as e:
                         errors += 1
                         wait = min(30.0, 0.25 * 2 ** min(errors, 8))
@@ -233,14 +237,15 @@ class Worker:
         task: Task | None = None
         name = None
         try:
-            name, args, kwargs = decode_call(job.body)
+            name, args, kwargs, job_ttr = decode_job(job.body)
             task = self.app.tasks.get(name)
             if task is None:
                 raise UnknownTask(f"no task named {name!r} in this worker's app")
+            ttr = task.ttr if job_ttr is None else job_ttr  # its publish's options, else the task's
         except (BadPayload, UnknownTask) as e:
             await self._failed(client, job, None, name, e, started)
             return
-        if needs_touch(received, started, task.ttr):
+        if needs_touch(received, started, ttr):
             try:
                 await client.touch(job)
             except NotFound:
@@ -248,18 +253,18 @@ class Worker:
                            "ran")
                 return
             received = trio.current_time()
-        ctx = JobContext(job, task, tube, client)
+        ctx = JobContext(job, task, tube, client, ttr)
         token = running_job.set(ctx)
         try:
             log_event(logging.DEBUG, "job.start", job=job.id, server=job.server, tube=tube,
                    task=name)
             if task.is_async:
-                with trio.move_on_at(received + time_limit(task.ttr)) as scope:
+                with trio.move_on_at(received + time_limit(ttr)) as scope:
                     ctx.scope = scope
                     await task.fn(*args, **kwargs)
                 if scope.cancelled_caught:
-                    raise TimeLimitExceeded(f"no touch within {time_limit(task.ttr):g}s "
-                                            f"(ttr {task.ttr}s)")
+                    raise TimeLimitExceeded(f"no touch within {time_limit(ttr):g}s "
+                                            f"(ttr {ttr}s)")
             else:
                 await trio.to_thread.run_sync(functools.partial(task.fn, *args, **kwargs),
                                               abandon_on_cancel=True)

@@ -58,6 +58,7 @@ class Task:
         self.priority = priority
         self.delay = delay
         self.ttr = ttr
+        self.declared_ttr = ttr  # the task's own; `options(ttr=...)` changes `ttr` only
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
@@ -103,7 +104,8 @@ class Task:
         return None
 
     def encode(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
-        return encode_call(self.name, args, kwargs)
+        return encode_call(self.name, args, kwargs,
+                           None if self.ttr == self.declared_ttr else self.ttr)
 
     def publish(self, *args: Any, **kwargs: Any) -> JobRef:
         """Put a job that runs this task with these arguments (CBOR-serializable);

@@ -351,6 +351,28 @@ def test_touch_keeps_long_tasks_past_their_ttr(smallstalk: Server, workers) -> N
     assert not w.named("job.lost") and not w.named("job.retry")
 
 
+def test_the_time_limit_follows_the_job_s_own_ttr(smallstalk: Server, workers) -> None:
+    """A task of ttr=60 published with options(ttr=3): the worker cancels it
+    a second before the job's TTR, not the task's, so the server never hands
+    it to another run meanwhile."""
+    with Client(addr_of(smallstalk)) as c:
+        body = encode_call("tests.support.worker_app.sleepy", ["t", 30.0], {}, ttr=3)
+        ref = c.put(body, ttr=3)
+        w = workers(addr_of(smallstalk), "-c", "2")
+        assert results(c, 1) == ["started:t"]
+        deadline = time.monotonic() + 30
+        while c.stats_job(ref).state != "buried":  # retries=0: a failure buries it
+            assert time.monotonic() < deadline, c.stats_job(ref)
+            time.sleep(0.1)
+        stats = c.stats_job(ref)
+        assert (stats.reserves, stats.timeouts) == (1, 0)  # one run, no TTR ran out
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0
+    (buried,) = w.named("job.buried")
+    assert "no touch within 2s (ttr 3s)" in buried["error"]
+    assert not w.named("job.lost") and not w.named("job.done")
+
+
 @needs_beanstalkd
 def test_worker_over_two_servers(smallstalk: Server, workers, tmp_path: Path) -> None:
     """Producers spread jobs over two servers that do not know each other; one
@@ -610,16 +632,18 @@ def test_worker_process_with_batch(smallstalk: Server, workers) -> None:
 
 
 @needs_beanstalkd
-def test_batch_against_beanstalkd_falls_back_to_plain_reserves(tmp_path: Path,
-                                                              workers) -> None:
+@pytest.mark.parametrize("slots", ["1", "4"])
+def test_batch_against_beanstalkd_falls_back_to_plain_reserves(tmp_path: Path, workers,
+                                                              slots: str) -> None:
     """beanstalkd answers reserve-batch BAD_FORMAT: one error line says so and
-    the worker goes on one job at a time."""
+    the worker goes on one job at a time (with several slots, every slot's
+    batch in flight meets it; the first says so, none fails)."""
     srv = start_beanstalkd(tmp_path)
     try:
         with Client(addr_of(srv)) as c:
-            refs = [publish(c, "echo", t) for t in "ab"]
-            w = workers(addr_of(srv), "--batch", "5")
-            assert sorted(results(c, 2)) == ["done:a", "done:b"]
+            refs = [publish(c, "echo", t) for t in "abcdef"]
+            w = workers(addr_of(srv), "--batch", "5", "-c", slots)
+            assert sorted(results(c, 6)) == [f"done:{t}" for t in "abcdef"]
             w.signal(signal.SIGTERM)
             assert w.wait() == 0
             for ref in refs:

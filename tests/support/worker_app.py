@@ -57,6 +57,14 @@ async def slow(tag: str, seconds: float) -> None:
     await areport("done", tag)
 
 
+@app.task(tube="default", ttr=60, retries=0)
+async def sleepy(tag: str, seconds: float) -> None:
+    """`slow` without a retry: a test publishes it with a TTR of its own."""
+    await areport("started", tag)
+    await trio.sleep(seconds)
+    await areport("done", tag)
+
+
 @app.task(tube="default", retries=2, backoff=1.0)
 def always_fails(tag: str) -> None:
     report("attempt", tag)

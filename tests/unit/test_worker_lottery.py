@@ -168,6 +168,26 @@ def test_payload_round_trip_and_rejects() -> None:
             decode_call(bad)
 
 
+def test_a_publish_s_own_ttr_travels_in_the_payload() -> None:
+    """options(ttr=...) puts the job's TTR in its body, for the worker's time
+    limit; the task's own TTR adds nothing (the body stays what it was)."""
+    from smallstalk.worker.codec import decode_job
+
+    app = App("127.0.0.1:1")
+
+    @app.task(ttr=60)
+    def f(x: int) -> None: ...
+
+    plain = f.encode((1,), {})
+    assert plain == encode_call(f.name, (1,), {}) and decode_job(plain)[3] is None
+    own = f.options(ttr=3).encode((1,), {})
+    assert decode_job(own) == (f.name, [1], {}, 3) and decode_call(own) == (f.name, [1], {})
+    assert f.options(ttr=60).encode((1,), {}) == plain
+    for ttr in (0, -1, "3", 1.5):
+        with pytest.raises(BadPayload, match="ttr"):
+            decode_job(encode_call("f", (), {}, ttr=ttr))
+
+
 def test_task_registration() -> None:
     app = App("127.0.0.1:1")
 
