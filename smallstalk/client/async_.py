@@ -13,7 +13,17 @@ import trio
 from smallstalk.core import protocol as p
 
 from .addresses import Servers, resolve_servers, split_address
-from .core import _T, DEFAULT_PRIORITY, DEFAULT_TTR, JobLike, _Core, _Exchange, _Op, _Pause
+from .core import (
+    _T,
+    DEFAULT_PRIORITY,
+    DEFAULT_TTR,
+    KEY_RETRIES,
+    JobLike,
+    _Core,
+    _Exchange,
+    _Op,
+    _Pause,
+)
 from .errors import BeanstalkError, ConnectionFailed, NotConnected, ReadTimeout
 from .replies import (
     Explanation,
@@ -202,10 +212,10 @@ class AsyncClient:
     async def put(self, body: bytes | str, priority: int = DEFAULT_PRIORITY, delay: int = 0,
                   ttr: int = DEFAULT_TTR, *, tube: str | None = None,
                   server: str | None = None, max_age: int = 0,
-                  key: str | None = None) -> JobRef:
+                  key: str | None = None, rounds: int = KEY_RETRIES) -> JobRef:
         """As `Client.put` (`key`: exactly-once, retried; see docs/CLIENT.md)."""
         return await self._run(self._core.put(body, priority, delay, ttr, tube, server, max_age,
-                                              key))
+                                              key, rounds))
 
     async def use(self, tube: str) -> str:
         return await self._run(self._core.use(tube))

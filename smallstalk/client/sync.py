@@ -12,7 +12,17 @@ from collections.abc import Sequence
 from smallstalk.core import protocol as p
 
 from .addresses import Servers, resolve_servers, split_address
-from .core import _T, DEFAULT_PRIORITY, DEFAULT_TTR, JobLike, _Core, _Exchange, _Op, _Pause
+from .core import (
+    _T,
+    DEFAULT_PRIORITY,
+    DEFAULT_TTR,
+    KEY_RETRIES,
+    JobLike,
+    _Core,
+    _Exchange,
+    _Op,
+    _Pause,
+)
 from .errors import BeanstalkError, ConnectionFailed, NotConnected, ReadTimeout
 from .replies import (
     Explanation,
@@ -212,7 +222,8 @@ class Client:
 
     def put(self, body: bytes | str, priority: int = DEFAULT_PRIORITY, delay: int = 0,
             ttr: int = DEFAULT_TTR, *, tube: str | None = None,
-            server: str | None = None, max_age: int = 0, key: str | None = None) -> JobRef:
+            server: str | None = None, max_age: int = 0, key: str | None = None,
+            rounds: int = KEY_RETRIES) -> JobRef:
         """Insert a job (str bodies are UTF-8); `tube` puts into another tube than
         the used one without changing it; `server` picks the server, else
         round-robin; `max_age` (seconds, smallstalk only: sent as `put-expiring`,
@@ -222,11 +233,13 @@ class Client:
 
         `key` (smallstalk only: `put-unique`) makes the put exactly-once: a
         put whose connection broke, or that met a replica or NOT_REPLICATED,
-        is sent again (to the same or another server, a few rounds), and
-        every try returns the id of the one job the key made. A put without a
-        key is never sent twice: it may have been stored (docs/CLIENT.md)."""
+        is sent again (to the key's own server among independent servers, to
+        any member of one replicated cluster; `rounds` rounds at most, about
+        16 s of pauses for the default 8), and every try returns the id of the
+        one job the key made. A put without a key is never sent twice: it may
+        have been stored (docs/CLIENT.md)."""
         return self._run(self._core.put(body, priority, delay, ttr, tube, server, max_age,
-                                        key))
+                                        key, rounds))
 
     def use(self, tube: str) -> str:
         """Put into `tube` from now on (on every server)."""
