@@ -29,7 +29,7 @@ class JobContext:
     task: Task
     tube: str | None
     client: AsyncClient = attrs.field(repr=False)
-    ttr: int = 0  # the job's TTR (its publish's, else the task's): the time limit's base
+    ttr: int  # the job's TTR (its publish's, else the task's): the time limit's base
     scope: trio.CancelScope | None = attrs.field(default=None, repr=False)
     touches: int = 0
 
@@ -37,7 +37,7 @@ class JobContext:
         await self.client.touch(self.job)
         self.touches += 1
         if self.scope is not None:
-            self.scope.deadline = trio.current_time() + time_limit(self.ttr or self.task.ttr)
+            self.scope.deadline = trio.current_time() + time_limit(self.ttr)
 
 
 def current_job() -> JobContext:
