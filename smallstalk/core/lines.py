@@ -190,8 +190,13 @@ def _p_reserve_timeout(rest: bytes) -> Command:
         raise _Bad  # ERANGE
     value &= 0xFFFFFFFF
     if value >= 2**31:
-        return RESERVE  # negative as an int: wait without a timeout
+        return _TIMED_FOREVER  # negative as an int: wait without a timeout
     return Reserve(value)
+
+
+# What a negative `reserve-with-timeout` parses to: it waits as `reserve` does,
+# and counts as beanstalkd counts it, in cmd-reserve-with-timeout.
+_TIMED_FOREVER = Reserve(-1)
 
 
 def _p_reserve_job(rest: bytes) -> Command:

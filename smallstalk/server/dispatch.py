@@ -241,7 +241,8 @@ def reserve(lp: Loop, s: Session, cmd: p.Reserve):
         return DEADLINE_SOON
     if cmd.timeout == 0 or s.halfclosed:
         return TIMED_OUT
-    st.start_wait(s.id, None if cmd.timeout is None else now + cmd.timeout * NS)
+    timeout = cmd.timeout
+    st.start_wait(s.id, None if timeout is None or timeout < 0 else now + timeout * NS)
     return BLOCK
 
 

@@ -42,10 +42,10 @@ CASES = [
     (b"reserve-with-timeout 5\r\n", [p.Reserve(5)]),
     (b"reserve-with-timeout 5x\r\n", [p.Reserve(5)]),  # beanstalkd ignores the tail
     # beanstalkd 1.12 reads the timeout with strtol into an int:
-    (b"reserve-with-timeout 2147483648\r\n", [p.RESERVE]),  # negative: no timeout
+    (b"reserve-with-timeout 2147483648\r\n", [p.Reserve(-1)]),  # negative: no timeout
     (b"reserve-with-timeout 4294967297\r\n", [p.Reserve(1)]),
     (b"reserve-with-timeout abc\r\n", [p.Reserve(0)]),
-    (b"reserve-with-timeout -1\r\n", [p.RESERVE]),
+    (b"reserve-with-timeout -1\r\n", [p.Reserve(-1)]),
     (b"reserve-with-timeout 99999999999999999999\r\n", [p.ErrorReply(p.BAD_FORMAT)]),
     (b"pause-tube -bad 1\r\n", [p.ErrorReply(p.BAD_FORMAT, p.PauseTube)]),
     # Only the first CR of beanstalkd's 224-byte window counts.
