@@ -2,4 +2,4 @@
 # fields, read by no one else (as the text parser's, parser.pxd).
 
 cdef class Parser:
-    cdef public object _buf, _mode, _set, _skip, max_job_size, _last_set, _last_get
+    cdef public object _buf, _mode, _set, _skip, max_job_size, _last_set, _last_get, more

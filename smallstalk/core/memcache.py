@@ -46,6 +46,7 @@ import attrs
 
 from smallstalk.core.commands import Auth
 from smallstalk.core.lines import DEFAULT_MAX_JOB_SIZE, U32_MAX, valid_tube_name
+from smallstalk.core.parser import NO_LIMIT, TAKE_MAX
 
 LINE_MAX = 2048  # bytes, including the line end: a key (250) with options, with room
 EXPIRY_ABSOLUTE = 1_000_000  # memcache: an expiry from here on is a Unix time
@@ -267,10 +268,13 @@ _LINE, _BODY, _SKIP, _DEAD = range(4)
 class Parser:
     """Incremental parser for one memcache connection's input stream.
 
-    `feed(data)` then `events()` returns every complete event so far, in order.
+    `feed(data)` then `events()` returns every complete event so far, in order;
+    `take(data)` at most TAKE_MAX of them, and sets `more` when it stopped there
+    (as core/parser.py's).
     """
 
-    __slots__ = ("_buf", "_mode", "_set", "_skip", "max_job_size", "_last_set", "_last_get")
+    __slots__ = ("_buf", "_mode", "_set", "_skip", "max_job_size", "_last_set", "_last_get",
+                 "more")
 
     def __init__(self, max_job_size: int = DEFAULT_MAX_JOB_SIZE) -> None:
         self.max_job_size = max_job_size
@@ -284,9 +288,10 @@ class Parser:
         # same bytes come, without `parse_line`. A line never holds b"\n".
         self._last_set: tuple[bytes, _SetHeader | None] = (b"\n", None)
         self._last_get: tuple[bytes, McGet | None] = (b"\n", None)
+        self.more = False
 
     def buffered(self) -> int:
-        """Bytes held that do not yet form a complete event."""
+        """Bytes held: not yet a complete event, or more than `take` returned."""
         return len(self._buf)
 
     @property
@@ -300,7 +305,7 @@ class Parser:
             self._buf += data
         else:
             self.feed(data)
-        return self.events(), len(self._buf)
+        return self.events(TAKE_MAX), len(self._buf)
 
     def feed(self, data: bytes) -> None:
         if self._mode == _DEAD:
@@ -311,11 +316,16 @@ class Parser:
             data = data[take:]
         self._buf += data
 
-    def events(self) -> list[McEvent]:
+    def events(self, limit: int = NO_LIMIT) -> list[McEvent]:
+        """The complete events so far, in order (at most `limit`: `more`)."""
         out: list[McEvent] = []
         buf = self._buf
         pos, n = 0, len(buf)
+        self.more = False
         while self._mode != _DEAD:
+            if len(out) >= limit:
+                self.more = True
+                break
             mode = self._mode
             if mode == _LINE:
                 end = buf.find(b"\n", pos, pos + LINE_MAX)

@@ -68,16 +68,22 @@ _EXACT_READS = lines._EXACT_READS
 
 
 _LINE, _BODY, _SKIP, _DISCARD = range(4)
+# Events one `take` makes at most; the rest wait, as bytes, for `events()`
+# (`more` says so): 64 KiB of 7-byte commands would be 9,000 objects at once,
+# parsed before any of them runs (a connection reads no more while they wait).
+TAKE_MAX = 256
+NO_LIMIT = 1 << 62
 
 
 class Parser:
     """Incremental parser for one connection's input stream.
 
-    `feed(data)` then `events()` returns every complete event so far, in order.
+    `feed(data)` then `events()` returns every complete event so far, in order;
+    `take(data)` at most TAKE_MAX of them, and sets `more` when it stopped there.
     """
 
     __slots__ = ("_buf", "_mode", "_put", "_skip", "max_job_size", "_last", "_skip_reply",
-                 "_last_unique", "_exact_read", "_exact_cmd")
+                 "_last_unique", "_exact_read", "_exact_cmd", "more")
 
     def __init__(self, max_job_size: int = DEFAULT_MAX_JOB_SIZE) -> None:
         self.max_job_size = max_job_size
@@ -91,9 +97,10 @@ class Parser:
         self._last: tuple[bytes, int, int, int, int] = _FIRST_PUT
         self._last_unique: tuple[bytes, int, int, int, int] = _FIRST_UNIQUE
         self._exact_read, self._exact_cmd = b"", None  # take's last exact read, likewise
+        self.more = False  # `take` stopped at TAKE_MAX: `events(TAKE_MAX)` again for the rest
 
     def buffered(self) -> int:
-        """Bytes held that do not yet form a complete event."""
+        """Bytes held: not yet a complete event, or more than `take` returned."""
         return len(self._buf)
 
     def feed(self, data: bytes) -> None:
@@ -168,9 +175,10 @@ class Parser:
             self.feed(data)
         else:
             self._buf += data
-        return self.events(), len(self._buf)
+        return self.events(TAKE_MAX), len(self._buf)
 
-    def events(self) -> list[Event]:
+    def events(self, limit: int = NO_LIMIT) -> list[Event]:
+        """The complete events so far, in order (at most `limit`: `more`)."""
         out: list[Event] = []
         buf = self._buf
         pos = 0
@@ -178,7 +186,11 @@ class Parser:
         put_line = _PUT_LINE.match
         max_size = self.max_job_size
         last = self._last
+        self.more = False
         while True:
+            if len(out) >= limit:
+                self.more = True
+                break
             mode = self._mode
             lim = LINE_MAX
             if mode == _LINE and pos < n and buf[pos] == 0x70:  # b"p": a put's fast paths

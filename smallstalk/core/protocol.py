@@ -80,7 +80,7 @@ from smallstalk.core.lines import (
     valid_key,
     valid_tube_name,
 )
-from smallstalk.core.parser import LINE_MAX, Parser
+from smallstalk.core.parser import LINE_MAX, NO_LIMIT, TAKE_MAX, Parser
 from smallstalk.core.replies import (
     BAD_FORMAT,
     BURIED,
@@ -183,6 +183,8 @@ __all__ = [
     "Kick",
     "KickJob",
     "LINE_MAX",
+    "NO_LIMIT",
+    "TAKE_MAX",
     "LIST_TUBES",
     "LIST_TUBES_WATCHED",
     "LIST_TUBE_USED",

@@ -15,5 +15,5 @@ cdef class _Connection:
     cdef public object waiter, woken, room, slow_logged
     cdef public Session session
     # The poller's call on every read (a cpdef: Python calls it as before).
-    @cython.locals(held=Py_ssize_t, used="long long")
+    @cython.locals(held=Py_ssize_t, used="long long", cost="long long")
     cpdef on_readable(self)

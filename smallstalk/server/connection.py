@@ -22,13 +22,16 @@ So a command costs a read, a parse and a share of one poller wake-up and one
 loop turn: no task switch of its own (docs/PERFORMANCE.md, "Measured choices
 the code refers to", says what a reader task per connection cost).
 
-Backpressure: reading stops while more than MAX_QUEUED_BYTES of its commands
-wait in the loop (each counted as its bytes plus COMMAND_COST: a read of
-small commands makes many objects) plus its replies are unsent. The loop
-itself runs none of a session's commands while more than
-session.OUT_BOUND of its replies are unsent (session.py), so a client that
-never reads holds at most that, one reply, and its unread commands; the rest
-stays in the kernel's socket buffers. Such a client is logged once.
+Backpressure: reading stops while more than INPUT_AHEAD of its commands
+wait in the loop (each counted as its bytes plus COMMAND_COST), or more than
+MAX_QUEUED_BYTES of them and its unsent replies together, and while the
+parser holds commands beyond the TAKE_MAX one read makes (the task hands
+them on as room comes). The loop itself runs none of a session's commands
+while more than session.OUT_BOUND of its replies are unsent (session.py),
+nor, past session.UNSENT_BUDGET over all connections, while any are: a
+client that never reads holds at most that, one reply, and its unread
+commands; the rest stays in the kernel's socket buffers. Such a client is
+logged once (one line a second for all of them).
 
 Limits: past `max_connections` a new connection is sent REFUSED and closed;
 when accept fails for want of file descriptors the listener retries every
@@ -53,12 +56,12 @@ from os import write as os_write
 
 import trio
 
-from smallstalk.core.parser import Parser
+from smallstalk.core.parser import TAKE_MAX, Parser
 from smallstalk.server import poller as poller_mod
 from smallstalk.server import tls
 from smallstalk.server.loop import MutationLoop
 from smallstalk.server.poller import Poller
-from smallstalk.server.session import sent
+from smallstalk.server.session import OUT_BOUND, sent
 
 log = logging.getLogger("smallstalk.server.connection")
 # os_read and os_write (imported above) are what every read and reply call:
@@ -67,7 +70,11 @@ log = logging.getLogger("smallstalk.server.connection")
 
 RECV_SIZE = 65536
 MAX_QUEUED_BYTES = 1 << 20
-COMMAND_COST = 64  # what a parsed command counts for in backpressure, beyond its bytes
+# What a parsed command counts for in backpressure, beyond its bytes: its
+# object, and its parse, done ahead of its turn; at 512 a connection has a
+# few hundred small commands parsed ahead, and hundreds of pipelining
+# clients' parses do not hold up a pass (and a new client's first command).
+COMMAND_COST = 512
 # Commands read ahead of the loop: a flood is not parsed faster than the loop
 # runs it, so a poller wake-up parses at most one read of it (the others'
 # requests wait behind that parse, not behind a megabyte of it).
@@ -76,8 +83,23 @@ INPUT_AHEAD = 128 << 10
 # (docs/PROTOCOL-EXTENSIONS.md).
 REFUSED = b"TOO_MANY_CONNECTIONS\r\n"
 ACCEPT_RETRY = 0.05  # seconds between accepts while the process is out of fds
+ACCEPT_BATCH = 64  # connections taken from the backlog after each wake-up, at most
 NO_FDS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 MAX_CONNECTIONS = 10_000
+
+
+class _Once:
+    """When the "not reading its replies" line was last logged, and how many
+    connections were left out since (one line a second for all of them)."""
+
+    __slots__ = ("at", "left_out")
+
+    def __init__(self) -> None:
+        self.at = -1e9
+        self.left_out = 0
+
+
+_slow = _Once()
 FDS_KEPT = 64  # for data files, when the default limit follows RLIMIT_NOFILE
 
 
@@ -172,18 +194,30 @@ class _Connection:
         self.unsent.append(data)
         s = self.session
         s.owed += len(data)
-        if s.owed > MAX_QUEUED_BYTES and not self.slow_logged:
+        self.lp.note_unsent(len(data))
+        if s.owed > OUT_BOUND and not self.slow_logged:
             self._log_slow()
+
+    def _drop_unsent(self) -> None:
+        """The connection ended: what it never sent no longer counts."""
+        self.lp.note_unsent(-sum(map(len, self.unsent)))
+        self.unsent = []
 
     def _log_slow(self) -> None:
         self.slow_logged = True
+        now = trio.current_time()
+        if now - _slow.at < 1.0:  # many such clients at once make one line a second
+            _slow.left_out += 1
+            return
+        more, _slow.at, _slow.left_out = _slow.left_out, now, 0
         try:
             peer = self.sock.getpeername() if self.sock is not None else "?"
         except OSError:
             peer = "?"
         log.warning("client %s (connection %d) is not reading its replies: %d bytes wait; "
-                    "its further commands wait until it reads (logged once)",
-                    _addr(peer), self.session.id, self.session.owed)
+                    "its further commands wait until it reads (logged once a connection%s)",
+                    _addr(peer), self.session.id, self.session.owed,
+                    f"; {more} more such connections since the last line" if more else "")
 
     # --- reading ---------------------------------------------------------------------
 
@@ -201,25 +235,29 @@ class _Connection:
             if type(parser) is Parser:
                 text = parser
                 events, held = text.take(data)
+                more = text.more
             else:  # another protocol's (server/memcache.py)
                 events, held = parser.take(data)
+                more = parser.more
             self.read_bytes += len(data)
             s = self.session
             if events:
                 self.done = False
                 used = self.read_bytes - held
-                self.lp.submit(s, events,
-                               used - self.submitted_bytes + len(events) * COMMAND_COST)
+                cost = COMMAND_COST  # (compiled, a C integer: the sum makes no int object)
+                self.lp.submit(s, events, used - self.submitted_bytes + len(events) * cost)
                 self.submitted_bytes = used
-            if not (s.inflight > INPUT_AHEAD or s.inflight + s.owed > MAX_QUEUED_BYTES) \
+            if not (more or s.inflight > INPUT_AHEAD or s.inflight + s.owed > MAX_QUEUED_BYTES) \
                     or self.broken:
                 return
         else:
             self._received(data)
-        if self.eof or self._over_limit():
+        # Not read again while its commands wait, or while the parser holds
+        # more than one read's worth of them (`_parse_held` goes on with those).
+        if self.eof or self._over_limit() or self.parser.more:
             self.poller.remove(self.fd)  # the connection's task puts it back (`_polled`)
             self.paused = True
-            if not self.eof and self.session.owed > MAX_QUEUED_BYTES and not self.slow_logged:
+            if not self.eof and self.session.owed > OUT_BOUND and not self.slow_logged:
                 self._log_slow()
             self._wake()
 
@@ -239,11 +277,20 @@ class _Connection:
         events, held = self.parser.take(data)
         self.read_bytes += len(data)
         if events:
-            self.done = False
-            used = self.read_bytes - held
-            self.lp.submit(self.session, events,
-                           used - self.submitted_bytes + len(events) * COMMAND_COST)
-            self.submitted_bytes = used
+            self._submit(events, held)
+
+    def _parse_held(self) -> None:
+        """The parser stopped at TAKE_MAX commands: hand on the next of them."""
+        events = self.parser.events(TAKE_MAX)
+        if events:
+            self._submit(events, self.parser.buffered())
+
+    def _submit(self, events: list, held: int) -> None:
+        self.done = False
+        used = self.read_bytes - held
+        self.lp.submit(self.session, events,
+                       used - self.submitted_bytes + len(events) * COMMAND_COST)
+        self.submitted_bytes = used
 
     # --- the tasks -------------------------------------------------------------------
 
@@ -270,6 +317,7 @@ class _Connection:
             await self.stream.send_all(data)
         finally:
             self.sending = False
+            self.lp.note_unsent(-len(data))  # sent, or dropped with the connection
         sent(self.session, len(data))
         if self.paused:
             self._maybe_room()
@@ -291,6 +339,9 @@ class _Connection:
                 if self.closing or self.broken or (self.eof and self.done):
                     return
                 if self.paused and not self.eof and not self._over_limit():
+                    if self.parser.more:
+                        self._parse_held()
+                        continue
                     self.paused = False
                     poller.add(self.fd, self)
                 if self.woken:
@@ -303,6 +354,7 @@ class _Connection:
         finally:
             poller.remove(self.fd)  # before the socket closes: its fd may be reused
             self.closed = True
+            self._drop_unsent()
             self.lp.close_session(self.session)
             self.sock.close()
             if gate is not None:
@@ -323,6 +375,9 @@ class _Connection:
                 await self.room.wait()
             self.paused = False
             self.room = None
+            if self.parser.more:
+                self._parse_held()
+                continue
             try:
                 data = await self.stream.receive_some(RECV_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -390,6 +445,7 @@ async def serve_connection(lp: MutationLoop, stream: trio.abc.Stream, max_job_si
         pass  # the peer went away; closing below releases what it held
     finally:
         conn.closed = True
+        conn._drop_unsent()
         lp.close_session(conn.session)
         with trio.CancelScope(shield=True):
             try:
@@ -444,41 +500,68 @@ async def serve_listeners(lp: MutationLoop, listeners, max_job_size: int,
 async def _accept(lp: MutationLoop, listener, max_job_size: int, poller: Poller | None,
                   gate: Gate, handshake_timeout: float, nursery: trio.Nursery) -> None:
     lsock = listener.socket
+    # The same listening socket as a plain one (the fd duplicated, so closing
+    # it leaves the listener open): after each wake-up the backlog is taken
+    # without a wait per connection. trio's accept yields to the scheduler
+    # once per call, and while the poller's passes are long (a flood) that
+    # is one connection a pass: a new client waited behind a queue of others.
+    raw = stdsocket.socket(fileno=os.dup(lsock.fileno()))
+    raw.setblocking(False)
     logged_at = -1.0
-    while True:
-        try:
-            sock, _addr_ = await lsock.accept()
-        except OSError as e:
-            if e.errno in NO_FDS:
-                # The connection waits in the backlog; no busy retry, one line a second.
-                now = trio.current_time()
-                if now - logged_at >= 1.0:
-                    logged_at = now
-                    log.error("cannot accept connections: %s (%d open); retrying",
-                              os.strerror(e.errno), gate.open)
-                await trio.sleep(ACCEPT_RETRY)
-                continue
-            if e.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
-                continue  # that one connection is gone
-            raise
-        if gate.open >= gate.limit:
-            _refuse(lp, sock, gate)
-            continue
-        if sock.family != stdsocket.AF_UNIX:
+    try:
+        while True:
             try:
-                sock.setsockopt(stdsocket.IPPROTO_TCP, stdsocket.TCP_NODELAY, True)
-            except OSError:
-                pass
-        gate.open += 1
-        dialect = listener.dialect() if hasattr(listener, "dialect") else None
-        if isinstance(listener, tls.Listener):
-            nursery.start_soon(_serve_tls, lp, listener.stream(sock), max_job_size,
-                               handshake_timeout, gate)
-        elif poller is not None:
-            nursery.start_soon(_Connection(lp, sock, None, max_job_size, poller,
-                                           dialect).serve_polled, gate)
-        else:
-            nursery.start_soon(_serve_streamed, lp, sock, max_job_size, gate, dialect)
+                sock, _addr_ = await lsock.accept()
+            except OSError as e:
+                if e.errno in NO_FDS:
+                    # The connection waits in the backlog; no busy retry, one line a second.
+                    now = trio.current_time()
+                    if now - logged_at >= 1.0:
+                        logged_at = now
+                        log.error("cannot accept connections: %s (%d open); retrying",
+                                  os.strerror(e.errno), gate.open)
+                    await trio.sleep(ACCEPT_RETRY)
+                    continue
+                if e.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
+                    continue  # that one connection is gone
+                raise
+            _admit(lp, listener, sock, max_job_size, poller, gate, handshake_timeout, nursery)
+            for _ in range(ACCEPT_BATCH):
+                try:
+                    plain, _addr_ = raw.accept()
+                except BlockingIOError:
+                    break
+                except OSError as e:
+                    if e.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
+                        continue
+                    break  # out of fds, or worse: the awaited accept above says so
+                _admit(lp, listener, trio.socket.from_stdlib_socket(plain), max_job_size,
+                       poller, gate, handshake_timeout, nursery)
+    finally:
+        raw.close()
+
+
+def _admit(lp: MutationLoop, listener, sock, max_job_size: int, poller: Poller | None,
+           gate: Gate, handshake_timeout: float, nursery: trio.Nursery) -> None:
+    """Serve one accepted socket, or refuse it past --max-connections."""
+    if gate.open >= gate.limit:
+        _refuse(lp, sock, gate)
+        return
+    if sock.family != stdsocket.AF_UNIX:
+        try:
+            sock.setsockopt(stdsocket.IPPROTO_TCP, stdsocket.TCP_NODELAY, True)
+        except OSError:
+            pass
+    gate.open += 1
+    dialect = listener.dialect() if hasattr(listener, "dialect") else None
+    if isinstance(listener, tls.Listener):
+        nursery.start_soon(_serve_tls, lp, listener.stream(sock), max_job_size,
+                           handshake_timeout, gate)
+    elif poller is not None:
+        nursery.start_soon(_Connection(lp, sock, None, max_job_size, poller,
+                                       dialect).serve_polled, gate)
+    else:
+        nursery.start_soon(_serve_streamed, lp, sock, max_job_size, gate, dialect)
 
 
 async def _serve_streamed(lp: MutationLoop, sock, max_job_size: int, gate: Gate,

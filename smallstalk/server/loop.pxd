@@ -1,5 +1,6 @@
 # The compiled build's declarations (see core/model.pxd): the fields are on
 # roles.pxd's Roles, the root.
+cimport cython
 from smallstalk.core.commands cimport Delete, Put, PutUnique, Reserve
 from smallstalk.core.state cimport State
 from smallstalk.server cimport dispatch, timers
@@ -8,6 +9,9 @@ from smallstalk.server.session cimport Session
 
 cdef class MutationLoop(Roles):
     # Called only by the loop's own methods: a C call, not a method lookup.
+    # Its counts as C integers: a reply's bytes added make no int object.
+    @cython.locals(owed="long long", limit="long long", bound="long long", share="long long",
+                   i=Py_ssize_t, end=Py_ssize_t)
     cdef _run(self, Session s)
     cdef _turn_on_inbox_now(self)
     cdef _turn_ended(self)

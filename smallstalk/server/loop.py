@@ -44,13 +44,23 @@ from smallstalk.server.commit import GroupCommit, Unavailable
 from smallstalk.server.policy import Policies
 from smallstalk.server.roles import Replication, Roles
 from smallstalk.server.search import Searches
-from smallstalk.server.session import OUT_BOUND, SLICE_BYTES, SLICE_COMMANDS, Session
+from smallstalk.server.session import (
+    OUT_BOUND,
+    SHARED_FROM,
+    SLICE_BYTES,
+    UNSENT_BUDGET,
+    Session,
+    turn_share,
+)
 from smallstalk.storage.aof import FSYNC_ALWAYS
 from smallstalk.storage.bodies import BodyError, spill_record
 from smallstalk.storage.encoder import LiveEncoder
 from smallstalk.storage.journal import Journal
 
 log = logging.getLogger("smallstalk.server.loop")
+BUDGET_PASSED = ("more than %d MiB of replies wait for clients that do not read them: until "
+                 "they are under it, each connection runs its next command only once its "
+                 "replies are out (logged once a minute)")
 
 class ReadOnly(Exception):
     """This server does not accept changes from clients (a replica)."""
@@ -134,6 +144,9 @@ class MutationLoop(Roles):
         # go on next turn, which starts without waiting for input.
         self.runnable: dict[int, Session] = {}
         self._resume_cb = self._resume  # one bound method for every session
+        self.unsent = 0  # reply bytes queued in connections (note_unsent)
+        self._budget_logged_at = -1e9
+        self.slice_commands, self.slice_bytes = turn_share(0)  # this turn's (turn)
         # Replication: feeds to replicas (primary), or what we follow (replica).
         self.role = "primary"
         self.feeds: dict[int, object] = {}  # session id -> replication.Feed
@@ -184,6 +197,16 @@ class MutationLoop(Roles):
         if task is not None:
             self._waiter = None
             trio.lowlevel.reschedule(task)
+
+    def note_unsent(self, n: int) -> None:
+        """Reply bytes connections queued because their sockets did not take
+        them (n > 0), or sent or dropped (n < 0): counted against UNSENT_BUDGET."""
+        before = self.unsent
+        self.unsent = before + n
+        if before <= UNSENT_BUDGET < before + n and \
+                trio.current_time() - self._budget_logged_at >= 60.0:
+            self._budget_logged_at = trio.current_time()
+            log.warning(BUDGET_PASSED, UNSENT_BUDGET >> 20)
 
     def _resume(self, s: Session) -> None:
         """A held session's replies drained (session.sent): run its commands again."""
@@ -553,6 +576,9 @@ class MutationLoop(Roles):
         # Each session runs at most one slice per turn: those left over from
         # the last turn run after the batch, not also in it.
         runnable, self.runnable = self.runnable, {}
+        busy = len(runnable) + len(batch)
+        if busy > SHARED_FROM or self.slice_bytes != SLICE_BYTES:  # most turns: neither
+            self.slice_commands, self.slice_bytes = turn_share(busy)
         s: Session  # (compiled: its fields read directly)
         for item in batch:
             kind = item[0]
@@ -612,13 +638,22 @@ class MutationLoop(Roles):
         holds = c.holds
         owed = s.owed
         # Stop past OUT_BOUND unsent, or past this turn's slice: checked
-        # before each command, so one reply of any size may go over.
-        limit = owed + SLICE_BYTES if owed < OUT_BOUND - SLICE_BYTES else OUT_BOUND  # (no min())
+        # before each command, so one reply of any size may go over. Past
+        # the budget of all sessions' unsent replies, once its replies are
+        # all out (session.UNSENT_BUDGET says why).
+        if self.unsent <= UNSENT_BUDGET:
+            bound = OUT_BOUND
+            share = self.slice_bytes
+            limit = owed + share if owed < OUT_BOUND - share else OUT_BOUND  # (no min())
+        else:
+            bound = limit = 0
         # A list read from the front: most often it holds one command, and a
         # deque of it would cost more than the command's whole dispatch.
         pending = s.pending  # cleared in place on quit, never replaced while this runs
         i = 0
-        end = len(pending) if len(pending) < SLICE_COMMANDS else SLICE_COMMANDS  # (no min())
+        end = self.slice_commands
+        if len(pending) < end:
+            end = len(pending)
         while i < end and not s.blocked and not s.closing and owed <= limit:
             cmd = pending[i]
             i += 1
@@ -666,7 +701,7 @@ class MutationLoop(Roles):
         if len(pending) > i:
             del pending[:i]  # (a slice's run ends at most SLICE_COMMANDS in)
             if not s.blocked and not s.closing:
-                if owed > OUT_BOUND:
+                if owed > bound:
                     s.held = True  # session.sent resumes it once the socket took enough
                 else:
                     self.runnable[s.id] = s

@@ -10,13 +10,38 @@ from typing import NamedTuple
 # the socket). So a session holds at most this plus one reply, which may be a
 # body as big as -z allows: it is queued alone, and nothing more of that
 # session runs until it has drained.
-OUT_BOUND = 1 << 20
+OUT_BOUND = 256 << 10
+# ...and while more than this many bytes are unsent over all sessions
+# together, a session runs a command only when none of its replies is
+# unsent (loop.py's `_run`): what clients that stop reading can make the
+# server hold is this plus one reply each, however many they are.
+UNSENT_BUDGET = 64 << 20
 # Fairness: what one session may do in one loop turn before the others get
 # theirs (the rest of its commands run in the next turns). While a session
 # has commands left, the turn's fsync goes to the fsync thread however few
 # records it has (commit._sync_written), so a flood does not hold the loop.
 SLICE_COMMANDS = 64
 SLICE_BYTES = 16 << 10  # of replies: a `stats` costs as much as ~20 puts
+# ...and what all sessions together may do in one turn: past TURN_COMMANDS /
+# SLICE_COMMANDS sessions with commands, each gets an equal share (one
+# command at least), so a turn with hundreds of flooding clients does not
+# keep a new client's first command waiting for all their slices.
+TURN_COMMANDS = 4096
+TURN_BYTES = 256 << 10
+SHARED_FROM = TURN_BYTES // SLICE_BYTES  # busy sessions a turn takes whole slices for
+
+
+
+def turn_share(busy: int) -> tuple[int, int]:
+    """The commands and reply bytes each session may run in a turn where
+    `busy` sessions have commands: a whole slice, or with many an equal share
+    of TURN_COMMANDS and TURN_BYTES (so the turn, and with it everyone's
+    next read, a new client's first, stays short however many flood)."""
+    if busy <= SHARED_FROM:
+        return SLICE_COMMANDS, SLICE_BYTES
+    if busy * SLICE_COMMANDS <= TURN_COMMANDS:
+        return SLICE_COMMANDS, TURN_BYTES // busy
+    return TURN_COMMANDS // busy or 1, TURN_BYTES // busy
 
 
 class Session:

@@ -154,7 +154,8 @@ def extended_stats(lp: Observed) -> list[tuple[str, object]]:
             ("bytes-on-disk", st.spilled_bytes),
             ("body-reads", bodies.reads if bodies is not None else 0),
             ("current-connections-throttled",
-             sum(1 for x in lp.sessions.values() if x.owed > OUT_BOUND)),
+             sum(1 for x in lp.sessions.values() if x.held or x.owed > OUT_BOUND)),
+            ("unsent-bytes", lp.unsent),
             ("connections-refused", lp.refused),
             ("searches-running", len(lp.searches.running)),
             ("search-slices", lp.searches.slices)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import trio
 
 from smallstalk.core import protocol as p
+from smallstalk.server import session
 from smallstalk.server.connection import INPUT_AHEAD, MAX_QUEUED_BYTES, RECV_SIZE
 
 from ..support.harness import serve_on_loopback
@@ -142,3 +143,32 @@ async def test_a_paused_connection_whose_last_reply_is_big_is_read_again(nursery
             more += await client.receive_some(1 << 20)
     assert more.startswith(b"FOUND 1 %d\r\n" % len(body))
     await client.aclose()
+
+
+async def test_commands_a_read_held_back_all_run_in_order_and_then_its_end(nursery) -> None:
+    """One send of thousands of commands, then a half-close: the parser
+    makes TAKE_MAX per read and the connection hands on the rest as room
+    comes; every one is answered, in order, and only then is the end seen."""
+    lp, port = await serve_on_loopback(nursery)
+    client = await trio.open_tcp_stream("127.0.0.1", port)
+    n = 5 * p.TAKE_MAX + 3
+    await client.send_all(b"".join(b"put 0 0 60 2\r\n%02d\r\n" % (i % 100) for i in range(n)))
+    await client.send_eof()
+    expected = b"".join(b"INSERTED %d\r\n" % (i + 1) for i in range(n))
+    got = b""
+    with trio.fail_after(20):
+        while chunk := await client.receive_some(1 << 16):
+            got += chunk
+    assert got == expected
+    await client.aclose()
+
+
+def test_a_turn_shares_its_commands_and_bytes_once_many_sessions_are_busy() -> None:
+    share, whole = session.turn_share, (session.SLICE_COMMANDS, session.SLICE_BYTES)
+    assert share(1) == share(session.TURN_BYTES // session.SLICE_BYTES) == whole
+    assert share(32) == (session.SLICE_COMMANDS, session.TURN_BYTES // 32)
+    for busy in (17, 64, 65, 100, 400, 5000, 100_000):
+        commands, nbytes = share(busy)
+        assert 1 <= commands <= session.SLICE_COMMANDS and 1 <= nbytes < session.SLICE_BYTES
+        assert commands * busy <= session.TURN_COMMANDS or commands == 1
+        assert nbytes * busy <= session.TURN_BYTES or nbytes == 1

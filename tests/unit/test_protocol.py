@@ -6,7 +6,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from smallstalk.core import lines, parser
+from smallstalk.core import lines, memcache, parser
 from smallstalk.core import protocol as p
 
 
@@ -444,3 +444,22 @@ def test_the_everyday_commands_behave_as_the_attrs_ones(cmd) -> None:
 def test_a_delete_and_a_touch_of_the_same_id_differ() -> None:
     assert p.Delete(7) != p.Touch(7) and p.Touch(7) != p.Delete(7)
     assert len({p.Delete(7), p.Touch(7), p.Delete(7)}) == 2
+
+
+@pytest.mark.parametrize("make", [p.Parser, memcache.Parser], ids=["beanstalkd", "memcache"])
+def test_take_makes_at_most_take_max_events_and_more_says_the_rest_wait(make) -> None:
+    """A read of thousands of small commands makes TAKE_MAX of them; the rest
+    stay as bytes (`buffered`), `more` says so, and `events(TAKE_MAX)` goes
+    on with them in order until none are left (then `more` is False)."""
+    one, all_at_once = make(), make()
+    line = b"get q\r\n" if make is memcache.Parser else b"peek 7\r\n"
+    data = line * (2 * p.TAKE_MAX + 5) + line[:3]
+    events, held = one.take(data)
+    assert len(events) == p.TAKE_MAX and one.more
+    assert held == len(data) - p.TAKE_MAX * len(line) == one.buffered()
+    while one.more:
+        events += one.events(p.TAKE_MAX)
+    all_at_once.feed(data)
+    assert events == all_at_once.events() and len(events) == 2 * p.TAKE_MAX + 5
+    assert one.buffered() == 3 and not one.more
+    assert one.take(line[3:]) == ([events[0]], 0)  # the cut command, whole again
