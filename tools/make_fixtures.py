@@ -33,6 +33,7 @@ format are frozen. Usage: `make fixtures` or
 from __future__ import annotations
 
 import argparse
+import atexit
 import hashlib
 import json
 import os
@@ -128,7 +129,15 @@ class Server:
                "--extended-stats"]  # the checks below read smallstalk's keys too
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        # Whatever ends this script (a failed check raises mid-session), the
+        # server it started does not outlive it.
+        atexit.register(self._reap)
         wait_until("the server to listen", self._listening, 30.0)
+
+    def _reap(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def _listening(self) -> bool:
         if self.proc.poll() is not None:
