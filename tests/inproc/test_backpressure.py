@@ -172,3 +172,26 @@ def test_a_turn_shares_its_commands_and_bytes_once_many_sessions_are_busy() -> N
         assert 1 <= commands <= session.SLICE_COMMANDS and 1 <= nbytes < session.SLICE_BYTES
         assert commands * busy <= session.TURN_COMMANDS or commands == 1
         assert nbytes * busy <= session.TURN_BYTES or nbytes == 1
+
+
+async def test_without_the_poller_held_commands_all_run_in_order_too(nursery) -> None:
+    """The streamed path (TLS, or no epoll): its reader hands on what the
+    parser held back before it reads again, and sees the end only after."""
+    from smallstalk.server.connection import serve_connection
+
+    from ..support.harness import make_loop
+
+    lp = make_loop()
+    nursery.start_soon(lp.run)
+    a, b = trio.socket.socketpair()
+    nursery.start_soon(serve_connection, lp, trio.SocketStream(a), p.DEFAULT_MAX_JOB_SIZE, None)
+    client = trio.SocketStream(b)
+    n = 3 * p.TAKE_MAX + 1
+    await client.send_all(b"".join(b"put 0 0 60 1\r\n%d\r\n" % (i % 10) for i in range(n)))
+    await client.send_eof()
+    got = b""
+    with trio.fail_after(20):
+        while chunk := await client.receive_some(1 << 16):
+            got += chunk
+    assert got == b"".join(b"INSERTED %d\r\n" % (i + 1) for i in range(n))
+    await client.aclose()
