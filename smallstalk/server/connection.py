@@ -86,6 +86,7 @@ ACCEPT_RETRY = 0.05  # seconds between accepts while the process is out of fds
 ACCEPT_BATCH = 64  # connections taken from the backlog after each wake-up, at most
 NO_FDS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 MAX_CONNECTIONS = 10_000
+FDS_KEPT = 64  # for data files, when the default limit follows RLIMIT_NOFILE
 
 
 class _Once:
@@ -100,7 +101,6 @@ class _Once:
 
 
 _slow = _Once()
-FDS_KEPT = 64  # for data files, when the default limit follows RLIMIT_NOFILE
 
 
 def default_max_connections() -> int:
