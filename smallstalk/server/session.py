@@ -22,14 +22,13 @@ UNSENT_BUDGET = 64 << 20
 # records it has (commit._sync_written), so a flood does not hold the loop.
 SLICE_COMMANDS = 64
 SLICE_BYTES = 16 << 10  # of replies: a `stats` costs as much as ~20 puts
-# ...and what all sessions together may do in one turn: past TURN_COMMANDS /
-# SLICE_COMMANDS sessions with commands, each gets an equal share (one
+# ...and what all sessions together may do in one turn: once whole slices
+# would add up to more, each session with commands gets an equal share (one
 # command at least), so a turn with hundreds of flooding clients does not
 # keep a new client's first command waiting for all their slices.
 TURN_COMMANDS = 4096
 TURN_BYTES = 256 << 10
 SHARED_FROM = TURN_BYTES // SLICE_BYTES  # busy sessions a turn takes whole slices for
-
 
 
 def turn_share(busy: int) -> tuple[int, int]:
