@@ -52,15 +52,13 @@ from smallstalk.server.session import (
     Session,
     turn_share,
 )
+from smallstalk.server.unsent import Unsent
 from smallstalk.storage.aof import FSYNC_ALWAYS
 from smallstalk.storage.bodies import BodyError, spill_record
 from smallstalk.storage.encoder import LiveEncoder
 from smallstalk.storage.journal import Journal
 
 log = logging.getLogger("smallstalk.server.loop")
-BUDGET_PASSED = ("more than %d MiB of replies wait for clients that do not read them: until "
-                 "they are under it, each connection runs its next command only once its "
-                 "replies are out (logged once a minute)")
 
 class ReadOnly(Exception):
     """This server does not accept changes from clients (a replica)."""
@@ -145,7 +143,7 @@ class MutationLoop(Roles):
         self.runnable: dict[int, Session] = {}
         self._resume_cb = self._resume  # one bound method for every session
         self.unsent = 0  # reply bytes queued in connections (note_unsent)
-        self._budget_logged_at = -1e9
+        self._unsent = Unsent()  # its log line and the memory a flood leaves
         self.slice_commands, self.slice_bytes = turn_share(0)  # this turn's (turn)
         # Replication: feeds to replicas (primary), or what we follow (replica).
         self.role = "primary"
@@ -203,10 +201,7 @@ class MutationLoop(Roles):
         them (n > 0), or sent or dropped (n < 0): counted against UNSENT_BUDGET."""
         before = self.unsent
         self.unsent = before + n
-        if before <= UNSENT_BUDGET < before + n and \
-                trio.current_time() - self._budget_logged_at >= 60.0:
-            self._budget_logged_at = trio.current_time()
-            log.warning(BUDGET_PASSED, UNSENT_BUDGET >> 20)
+        self._unsent.changed(before, before + n, trio.current_time())
 
     def _resume(self, s: Session) -> None:
         """A held session's replies drained (session.sent): run its commands again."""

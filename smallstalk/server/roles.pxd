@@ -19,7 +19,7 @@ cdef class Roles:
     cdef public object _replica_next, _seq, _id_floor, _inbox, _waiter, _sleep
     cdef public LiveEncoder _encoder
     cdef public long long unsent, slice_commands, slice_bytes
-    cdef public object _budget_logged_at
+    cdef public object _unsent
     cdef public object _waits_turn, _turning, batching, _resume_cb, role
     cdef public object follower, replication, ha, policies, schedules_loaded, config_path
     cdef public object bodies, admin, extended_stats, deferred, searches

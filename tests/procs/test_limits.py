@@ -282,6 +282,8 @@ def test_many_clients_that_never_read_share_one_budget_and_others_are_served(ser
     assert n * (OUT_BOUND + reply) > UNSENT_BUDGET + n * 2 * reply  # the test can tell
     with connect(server.port) as other:
         job = other.put(b"x" * reply).id
+        other.stats()  # warm: the first stats imports and allocates
+        base = status(server.pid)["VmRSS"]
         peeks = b"peek %d\r\n" % job * 2_000
         flooders = []
         try:
@@ -316,4 +318,10 @@ def test_many_clients_that_never_read_share_one_budget_and_others_are_served(ser
             for s in flooders:
                 s.close()
         wait_for(lambda: unsent() == 0, 30, "the flooders' replies to be dropped")
+        settle(server, 1)
+        # And the memory is back once they are gone (server/unsent.py trims
+        # the heap when such a flood's replies are all dropped).
+        after = status(server.pid)["VmRSS"] - base
+        print(f"RSS after they left: +{after / MiB:.1f} MiB")
+        assert after <= 32 * MiB
     assert server.log().count("replies wait for clients that do not read them") == 1
