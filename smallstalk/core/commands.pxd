@@ -7,6 +7,9 @@ cdef class _Everyday:
 cdef class Put(_Everyday):
     cdef public object pri, delay, ttr, body, max_age
 
+cdef class PutRest(Put):
+    pass
+
 cdef class PutUnique(_Everyday):
     cdef public object key, pri, delay, ttr, body
 

@@ -60,6 +60,25 @@ class Put(_Everyday):
         self.max_age = max_age
 
 
+class PutRest(Put):
+    """A put whose line came before its body was all in (`PutHeard`): the
+    put, answered with the job id taken at its line and not counted again."""
+
+    __slots__ = ()
+
+
+@command
+class PutHeard:
+    """A put line whose body has not all arrived yet. beanstalkd counts the
+    put at its line and, unless the body is too big, makes the job there
+    (taking its id: a put from another connection meanwhile gets the next
+    one) and the connection a producer; a client that hangs up mid-body has
+    used an id. The parser then makes a `PutRest`, an uncounted
+    `ErrorReply(EXPECTED_CRLF)`, or (`job` false) `ErrorReply(JOB_TOO_BIG)`."""
+
+    job: bool
+
+
 class PutUnique(_Everyday):
     """smallstalk's `put-unique <key> <pri> <delay> <ttr> <bytes>`: a put with an
     idempotency key (1 to KEY_MAX bytes of tube-name characters). Everyday: a
@@ -361,7 +380,7 @@ Command = (
     | ListTubes | ListTubeUsed | ListTubesWatched | PauseTube | Quit | Replicate | ReplicaAck
     | PromoteReplica | DeleteTube | ConfigDump | ReloadConfig | Auth | ListJobs | FlushTube
     | ExtStats | ExtStatsTube | PutUnique | ExplainJob | ReserveBatch
-    | MoveJob | SearchJobs | BulkJobs
+    | MoveJob | SearchJobs | BulkJobs | PutRest | PutHeard
 )
 Event = Command | ErrorReply
 
@@ -370,6 +389,7 @@ PEEK_READY, PEEK_DELAYED, PEEK_BURIED = PeekReady(), PeekDelayed(), PeekBuried()
 STATS, LIST_TUBES, LIST_TUBE_USED, LIST_TUBES_WATCHED = (
     Stats(), ListTubes(), ListTubeUsed(), ListTubesWatched())
 QUIT, RESERVE, PROMOTE = Quit(), Reserve(None), PromoteReplica()
+PUT_HEARD, TOO_BIG_PUT_HEARD = PutHeard(True), PutHeard(False)
 CONFIG, RELOAD_CONFIG, EXT_STATS = ConfigDump(), ReloadConfig(), ExtStats()
 
 

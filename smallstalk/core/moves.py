@@ -209,7 +209,7 @@ class Moves(Queries):
         return j
 
     def _new_job(self, jid: int, tube: str, rec, body, expires: int) -> None:
-        if jid in self.jobs or jid < self.next_job_id:
+        if jid in self.jobs:
             raise StateError(f"job id {jid} reused")
         t = self.add_tube(tube)
         j = Job(jid, t, share(self.ints, rec.pri), rec.delay, share(self.ints, max(rec.ttr, 1)),
@@ -217,7 +217,10 @@ class Moves(Queries):
         if expires:
             self.expires[jid] = expires
         self.jobs[jid] = j
-        self.next_job_id = jid + 1
+        if jid >= self.next_job_id:
+            # Below it: a put whose line took its id before an earlier put's
+            # record (dispatch.put_heard, as beanstalkd makes the job there).
+            self.next_job_id = jid + 1
         self._arrive(j, t)
         t.total_jobs += 1
         self.total_jobs += 1

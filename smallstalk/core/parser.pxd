@@ -8,7 +8,7 @@ from smallstalk.core.commands cimport Delete, Put, PutUnique
 cdef class Parser:
     cdef public object _buf, _mode, _put, _skip, max_job_size, _last, _skip_reply
     cdef public object _last_unique, _exact_cmd
-    cdef public bint more
+    cdef public bint more, _heard
     cdef public bytes _exact_read
     # The put (and keyed put) a fast path makes, typed (parser.py's annotations are not: see
     # its first line), so its fields are stored in the object; a read as

@@ -18,6 +18,9 @@ Rules kept here, taken from beanstalkd 1.12 (prot.c) and checked against the rea
 - `put` reads exactly <bytes>+2 body bytes, which must end in CRLF
   (EXPECTED_CRLF otherwise). A body larger than the job size limit is skipped
   without being buffered and answered JOB_TOO_BIG.
+- beanstalkd counts a put, takes its job id and marks a producer at its line,
+  before the body: a put line whose body is not all here yet is an event of its
+  own (`PutHeard`), and the put then a `PutRest` (or an uncounted error).
 
 Memory is bounded: the parser holds at most one line (224 bytes) or one body
 (max job size + 2) of unparsed input.
@@ -30,7 +33,17 @@ import re
 import attrs
 
 from smallstalk.core import lines
-from smallstalk.core.commands import QUIT, Delete, ErrorReply, Event, Put, PutUnique
+from smallstalk.core.commands import (
+    PUT_HEARD,
+    QUIT,
+    TOO_BIG_PUT_HEARD,
+    Delete,
+    ErrorReply,
+    Event,
+    Put,
+    PutRest,
+    PutUnique,
+)
 from smallstalk.core.lines import (
     _PUT_UNIQUE,
     _SEARCH_LINES,
@@ -83,7 +96,7 @@ class Parser:
     """
 
     __slots__ = ("_buf", "_mode", "_put", "_skip", "max_job_size", "_last", "_skip_reply",
-                 "_last_unique", "_exact_read", "_exact_cmd", "more")
+                 "_last_unique", "_exact_read", "_exact_cmd", "more", "_heard")
 
     def __init__(self, max_job_size: int = DEFAULT_MAX_JOB_SIZE) -> None:
         self.max_job_size = max_job_size
@@ -92,6 +105,7 @@ class Parser:
         self._put: _PutHeader | None = None
         self._skip = 0  # body bytes still to throw away in _SKIP mode
         self._skip_reply: ErrorReply | None = None  # its answer, when not JOB_TOO_BIG
+        self._heard = False  # the put in _BODY or _SKIP mode was a PutHeard event
         # The last everyday put line that passed, whole, and its numbers: a producer repeats
         # it, and matching its bytes skips the regex and the ints (a third of a put's parse).
         self._last: tuple[bytes, int, int, int, int] = _FIRST_PUT
@@ -277,9 +291,15 @@ class Parser:
                         self._skip = -ev.size + 2
                         self._skip_reply = ev.skip_reply
                         self._put = None
+                        if ev.skip_reply is None and n - pos < self._skip:
+                            out.append(TOO_BIG_PUT_HEARD)  # a put's body, not all here
+                            self._heard = True
                     else:
                         self._mode = _BODY
                         self._put = ev
+                        if ev.make is None and not ev.key and n - pos < ev.size + 2:
+                            out.append(PUT_HEARD)
+                            self._heard = True
                     continue
                 out.append(ev)
                 if ev is QUIT:
@@ -295,6 +315,8 @@ class Parser:
                 pos += need
                 self._mode = _LINE
                 self._put = None
+                heard = self._heard
+                self._heard = False
                 if put.make is not None:  # search-jobs, bulk-jobs
                     if trailer != b"\r\n":
                         out.append(ErrorReply(EXPECTED_CRLF))
@@ -303,9 +325,11 @@ class Parser:
                     else:
                         out.append(attrs.evolve(put.make, pattern=body))
                 elif trailer != b"\r\n":
-                    out.append(ErrorReply(EXPECTED_CRLF, Put))
+                    out.append(ErrorReply(EXPECTED_CRLF, None if heard else Put))
                 elif put.key:
                     out.append(PutUnique(put.key, put.pri, put.delay, put.ttr, body))
+                elif heard:
+                    out.append(PutRest(put.pri, put.delay, put.ttr, body, put.max_age))
                 else:
                     out.append(Put(put.pri, put.delay, put.ttr, body, put.max_age))
             elif mode == _SKIP:
@@ -315,8 +339,10 @@ class Parser:
                 if self._skip:
                     break
                 self._mode = _LINE
-                out.append(self._skip_reply or ErrorReply(JOB_TOO_BIG, Put))
+                out.append(self._skip_reply or ErrorReply(JOB_TOO_BIG, None if self._heard
+                                                          else Put))
                 self._skip_reply = None
+                self._heard = False
         if pos:
             del buf[:pos]
         return out

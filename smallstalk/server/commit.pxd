@@ -11,7 +11,7 @@ cdef class GroupCommit:
     cdef public Journal journal
     cdef public object owner, min_replica_acks, replica_ack_timeout
     cdef public object failed_until, stale, awaiting_acks, unsynced, track_needs, must_sync
-    cdef public object put_ids, put_seqs, kick_seq, revealed
+    cdef public object put_lows, put_ids, put_seqs, kick_seq, revealed
     cdef public LiveEncoder _encoder
     cdef public object turn_seq0, turn_puts, holds
     # Each turn's start and its replies' collection, from the loop and the

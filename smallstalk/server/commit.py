@@ -125,8 +125,10 @@ class GroupCommit:
         # The last seq staged that replies must wait for (not a NEED_NO_SYNC record).
         self.must_sync = owner.state.last_seq
         # What a reserve's reply reveals: puts and kicks not known durable yet.
-        # Unsynced puts are the newest jobs, so ids and seqs both ascend.
-        self.put_ids: list[int] = []  # highest job id each staged put made
+        # Staged puts as ascending, disjoint ranges of job ids, put_lows[i] to
+        # put_ids[i], and the seq each range waits for (ascending too).
+        self.put_lows: list[int] = []
+        self.put_ids: list[int] = []
         self.put_seqs: list[int] = []
         self.kick_seq = 0
         self.revealed: int | None = None  # set by staging a NEED_NO_SYNC record
@@ -206,7 +208,8 @@ class GroupCommit:
         without the record."""
         self.journal.append_payload(payload, seq)
         self.must_sync = seq
-        if self.track_needs:
+        if self.track_needs:  # (a new id: above every staged one)
+            self.put_lows.append(job_id)
             self.put_ids.append(job_id)
             self.put_seqs.append(seq)
         self.turn_payloads.append((seq, payload))  # also without feeds: see `stage`
@@ -232,33 +235,51 @@ class GroupCommit:
     def _track(self, rec: r.Record, kind: type) -> None:
         """Remember staged puts and kicks: a reserve's reply waits for them."""
         if kind is r.Put:
-            top = rec.id
+            low = top = rec.id
         elif (kind is r.PutJobs or kind is r.PutUnique) and rec.jobs:
-            top = rec.jobs[-1][0]
+            low, top = rec.jobs[0][0], rec.jobs[-1][0]
         elif kind is r.Fire and rec.id:
-            top = rec.id
+            low = top = rec.id
         else:
             if kind is r.Kick:
                 self.kick_seq = rec.seq
             return
-        self.put_ids.append(top)
-        self.put_seqs.append(rec.seq)
+        lows, ids, seqs = self.put_lows, self.put_ids, self.put_seqs
+        if ids and low <= ids[-1]:
+            # A put whose line took its id before a put staged earlier did
+            # (dispatch.put_heard): it joins the ranges it reaches into, and
+            # they all wait for its seq (a reply that reveals one of their
+            # jobs waits a little longer, never less).
+            i = bisect_left(ids, low)
+            if lows[i] < low:
+                low = lows[i]
+            if ids[-1] > top:
+                top = ids[-1]
+            del lows[i:], ids[i:], seqs[i:]
+        lows.append(low)
+        ids.append(top)
+        seqs.append(rec.seq)
 
     def job_need(self, job_id) -> int:  # unannotated: commit.pxd
         """The seq that must be durable before a reply reveals job `job_id`:
         its put, and any unsynced kick (a crash would bury the job again)."""
         ids = self.put_ids
-        if not ids or job_id < ids[0]:
+        if not ids or job_id < self.put_lows[0]:
             return self.kick_seq  # its put is durable
         i = bisect_left(ids, job_id)
-        need = self.put_seqs[i] if i < len(ids) else self.must_sync
+        if i == len(ids):
+            need = self.must_sync
+        elif job_id < self.put_lows[i]:
+            return self.kick_seq  # between two staged puts' ranges: durable
+        else:
+            need = self.put_seqs[i]
         return max(need, self.kick_seq)
 
     def _forget_durable(self, durable: int) -> None:
         seqs = self.put_seqs
         if seqs and seqs[0] <= durable:
             k = bisect_right(seqs, durable)
-            del seqs[:k], self.put_ids[:k]
+            del seqs[:k], self.put_ids[:k], self.put_lows[:k]
 
     def note_need(self, s: Session, must0: int) -> None:
         """After a command of `s` ran (`must0` from `begin_command`): what its

@@ -119,10 +119,40 @@ def put(lp: Loop, s: Session, cmd: p.Put):
     return _put_with_policy(lp, s, cmd, tube, pol, children or [])
 
 
+def put_heard(lp: Loop, s: Session, cmd: p.PutHeard):
+    """A put's line, its body still to come: counted, and unless the body is
+    too big the connection a producer and the job's id taken, where beanstalkd
+    makes the job (commands.PutHeard). Nothing is answered until the body."""
+    if lp.read_only:
+        return NOREPLY  # its PutRest is refused READ_ONLY, uncounted, as a put is
+    lp.count("cmd-put")
+    if cmd.job:
+        s.producer = True
+        s.put_id = lp.take_job_id()
+    return NOREPLY
+
+
+def put_rest(lp: Loop, s: Session, cmd: p.PutRest):
+    """The put `put_heard` began, now its body is in: `put`, with the id taken
+    at its line (a plain put's Put record made by `log`, not `log_put`)."""
+    job_id, s.put_id = s.put_id, 0
+    if lp.draining:
+        return p.DRAINING  # as in beanstalkd, after the job was made
+    st = lp.state
+    tube = st.use_of(s.id)
+    pol = lp.policies.of(tube)
+    children = st.fanout.get(tube)
+    if pol.plain and not children and not cmd.max_age:
+        lp.log(r.Put, s.id, job_id, tube, cmd.pri, cmd.delay, cmd.ttr, cmd.body)
+        return p.inserted(job_id)
+    return _put_with_policy(lp, s, cmd, tube, pol, children or [], job_id)
+
+
 def _put_with_policy(lp: Loop, s: Session, cmd: p.Put | p.PutUnique, tube: str,
-                     pol: TubePolicy, children: list[str]):
+                     pol: TubePolicy, children: list[str], first_id: int = 0):
     """A put that limits, expiry, fanout or a key touch: one PutJobs (PutUnique
-    with a key) record, a refusal, or the id of the job its key already made."""
+    with a key) record, a refusal, or the id of the job its key already made.
+    `first_id`: the id a `put_heard` took for its first job."""
     st = lp.state
     key = cmd.key if type(cmd) is p.PutUnique else body_key(cmd.body) if pol.unique else ""
     if key:
@@ -150,14 +180,15 @@ def _put_with_policy(lp: Loop, s: Session, cmd: p.Put | p.PutUnique, tube: str,
             lp.count_tube(child, "puts-refused")  # this copy only; the put goes on
             continue
         targets.append(child)
-    max_age = cmd.max_age if type(cmd) is p.Put else 0
+    max_age = 0 if type(cmd) is p.PutUnique else cmd.max_age
     ages = [a for a in (max_age, pol.max_age) if a]
     expires = lp.now + min(ages) * NS if ages else 0
     if not targets:
         # A fanout-only tube nobody listens to: accepted, and kept nowhere.
-        job_id = lp.take_job_id()
+        job_id = first_id or lp.take_job_id()
         return p.inserted(job_id)
-    jobs = [(lp.take_job_id(), t) for t in targets]
+    jobs = [(first_id or lp.take_job_id(), targets[0])]
+    jobs += [(lp.take_job_id(), t) for t in targets[1:]]
     if key:
         lp.log(r.PutUnique, s.id, tube, key, pol.unique_for, pol.unique_keys_max, jobs,
                cmd.pri, cmd.delay, cmd.ttr, expires, dropped, cmd.body)
@@ -629,14 +660,14 @@ HANDLERS = {
     p.FlushTube: flush_tube, p.Auth: auth, p.ExtStats: ext_stats,
     p.ExtStatsTube: ext_stats_tube, p.PutUnique: put_unique, p.ExplainJob: explain_job,
     p.ReserveBatch: reserve_batch, p.MoveJob: move_job, p.SearchJobs: search_jobs,
-    p.BulkJobs: search_jobs,
+    p.BulkJobs: search_jobs, p.PutHeard: put_heard, p.PutRest: put_rest,
 }
 
 # Refused on a replica (READ_ONLY): they change the queue or need a record.
 MUTATING = frozenset({
     p.Put, p.Reserve, p.ReserveJob, p.Delete, p.Release, p.Bury, p.Touch, p.Kick,
     p.KickJob, p.PauseTube, p.Watch, p.Ignore, p.DeleteTube, p.FlushTube, p.PutUnique,
-    p.ReserveBatch, p.MoveJob,
+    p.ReserveBatch, p.MoveJob, p.PutRest,
 })
 
 # The admin commands: with --admin-token-file they need `auth` first; without

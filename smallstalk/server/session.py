@@ -50,7 +50,7 @@ class Session:
         "id", "pending", "out", "out_mut", "blocked", "halfclosed", "closing", "producer",
         "worker", "deliver", "wait_deadline", "feed", "view_use", "inflight", "pending_bytes",
         "need", "owed", "held", "resume", "peer", "transport", "admin", "deferred", "dialect",
-        "batch",
+        "batch", "put_id",
     )
 
     def __init__(self, sid: int, deliver: Callable, resume: Callable,
@@ -65,6 +65,7 @@ class Session:
         self.halfclosed = False
         self.closing = False
         self.producer = False
+        self.put_id = 0  # the job id a put's line took while its body comes (PutHeard)
         self.worker = False
         # deliver(blob, done, close): hands replies to the connection (sync, never
         # blocks); `done` says nothing of what was submitted is left unanswered.

@@ -23,6 +23,7 @@ import logging
 import os
 import ssl
 from pathlib import Path
+from typing import Protocol
 
 import attrs
 import trio
@@ -87,7 +88,19 @@ def _ssl_error(e: ssl.SSLError, flag: str, ca: Path) -> TLSFileError:
     return TLSFileError(f"{flag} {ca}: cannot load: {e.reason or e}")
 
 
-def contexts_for(cfg) -> Contexts:
+class TLSSettings(Protocol):
+    """What `contexts_for` reads of a server's settings (config.ServeConfig,
+    a layer above this one)."""
+
+    tls_cert: Path | None
+    tls_key: Path | None
+    tls_client_ca: Path | None
+    replica_tls_ca: Path | None
+    replica_tls_cert: Path | None
+    replica_tls_key: Path | None
+
+
+def contexts_for(cfg: TLSSettings) -> Contexts:
     """The TLS contexts a server's settings (config.ServeConfig) ask for, from
     files read now; TLSFileError names a file the server cannot use. `serve`
     reads them before -u and recovery, `config dump --config` to check a file."""

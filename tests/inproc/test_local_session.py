@@ -38,9 +38,16 @@ async def test_command_objects_and_bytes_get_the_same_replies(lp, autojump_clock
 
 async def test_bytes_cut_anywhere_wait_for_the_rest(lp, autojump_clock) -> None:
     s = LocalSession(lp)
-    s.send(b"put 0 0 60 5\r\nhel")
+    s.send(b"delete 9\r\ndel")
+    assert await s.replies() == b"NOT_FOUND\r\n"
     await trio.sleep(1)
-    assert s.unread() == 0  # nothing complete was submitted, so nothing is answered
+    assert s.unread() == 0  # half a line is not a command: nothing more is answered
+    s.send(b"ete 9\r\nput 0 0 60 5\r\nhel")
+    # The put's line is a command (beanstalkd counts it and takes its id
+    # there), answered with nothing until its body is in.
+    assert await s.replies() == b"NOT_FOUND\r\n"
+    await trio.sleep(1)
+    assert s.unread() == 0
     assert await s.ask(b"lo\r\npeek-ready\r\n") == b"INSERTED 1\r\nFOUND 1 5\r\nhello\r\n"
 
 

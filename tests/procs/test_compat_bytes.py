@@ -6,6 +6,7 @@ import os
 import re
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -464,3 +465,77 @@ def test_smallstalk_only_commands_are_unknown_to_beanstalkd(tmp_path: Path) -> N
             w.close()
     finally:
         ref.stop()
+
+
+def _stat(w: Wire, name: bytes) -> int:
+    w.sock.sendall(b"stats\r\n")
+    m = re.search(rb"\n%s: (\d+)\n" % name, w.read_reply())
+    assert m, f"no {name!r} in stats"
+    return int(m.group(1))
+
+
+def _until(w: Wire, name: bytes, value: int) -> bytes:
+    """Poll `stats` on a connection of its own until `name` reads `value`
+    (the server has read what was sent before); what it came to if not."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        got = _stat(w, name)
+        if got == value or time.monotonic() > deadline:
+            return b"%s: %d" % (name, got)
+
+
+def split_put_transcript(port: int) -> list[bytes]:
+    """Puts whose bodies arrive after their lines, while another connection
+    puts: the ids, counts and producers a server gives around them. The
+    control connection only waits (`_until`); its `stats` are not compared."""
+    a, b, ctl = Wire.open(port), Wire.open(port), Wire.open(port)
+    out: list[bytes] = []
+
+    def ask(w: Wire, data: bytes) -> None:
+        w.sock.sendall(data)
+        out.append(w.read_reply())
+
+    try:
+        ask(b, b"put 0 0 60 1\r\nx\r\n")
+        a.sock.sendall(b"put 0 0 60 5\r\nhel")  # its line, part of its body
+        out.append(_until(ctl, b"cmd-put", 2))
+        out.append(b"producers: %d" % _stat(ctl, b"current-producers"))
+        ask(b, b"put 0 0 60 1\r\ny\r\n")
+        ask(a, b"lo\r\n")
+        a.sock.sendall(b"put 0 0 60 70000\r\n" + b"z" * 100)  # too big, half sent
+        out.append(_until(ctl, b"cmd-put", 4))
+        ask(b, b"put 0 0 60 1\r\nz\r\n")
+        ask(a, b"z" * 69900 + b"\r\n")
+        gone = Wire.open(port)
+        gone.sock.sendall(b"put 0 0 60 5\r\nhe")  # and hangs up mid-body
+        out.append(_until(ctl, b"cmd-put", 6))
+        gone.close()
+        out.append(_until(ctl, b"current-connections", 3))
+        ask(b, b"put 0 0 60 1\r\nw\r\n")
+        a.sock.sendall(b"put 0 0 60 5\r\nhel")
+        out.append(_until(ctl, b"cmd-put", 8))
+        ask(a, b"loXX")  # a bad trailer: the job made at its line is not kept
+        ask(b, b"put 0 0 60 1\r\nv\r\n")
+        for name in (b"cmd-put", b"current-producers", b"total-jobs", b"current-jobs-ready"):
+            out.append(b"%s: %d" % (name, _stat(ctl, name)))
+        ask(b, b"reserve-with-timeout 0\r\n")  # the lowest id first: the split put's
+    finally:
+        for w in (a, b, ctl):
+            w.close()
+    return out
+
+
+@needs_beanstalkd
+def test_a_put_split_across_reads_is_counted_and_numbered_at_its_line(tmp_path: Path) -> None:
+    """beanstalkd counts a put and makes its job (its id) at the put's line:
+    a put from another connection while the body is on its way gets the next
+    id, and a client that hangs up mid-body has used one."""
+    pair = start_pair(tmp_path)
+    try:
+        ref = split_put_transcript(pair.reference.port)
+        cand = split_put_transcript(pair.candidate.port)
+    finally:
+        pair.stop()
+    assert ref[:6] == [b"INSERTED 1\r\n", b"cmd-put: 2", b"producers: 2", b"INSERTED 3\r\n",
+                       b"INSERTED 2\r\n", b"cmd-put: 4"], "case table bug: beanstalkd differs"
+    assert cand == ref

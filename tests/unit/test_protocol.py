@@ -10,7 +10,10 @@ from smallstalk.core import lines, memcache, parser
 from smallstalk.core import protocol as p
 
 
-def parse_all(data: bytes, chunk: int | None = None, max_job_size: int = 65535) -> list:
+def parse_all(data: bytes, chunk: int | None = None, max_job_size: int = 65535,
+              heard: bool = False) -> list:
+    """The events of `data`, fed whole or `chunk` bytes at a time; a put line
+    heard before its body and what ended it joined (`joined`) unless `heard`."""
     parser = p.Parser(max_job_size)
     out = []
     if chunk is None:
@@ -20,6 +23,29 @@ def parse_all(data: bytes, chunk: int | None = None, max_job_size: int = 65535) 
         for i in range(0, len(data), chunk):
             parser.feed(data[i:i + chunk])
             out += parser.events()
+    return out if heard else joined(out)
+
+
+def joined(events: list) -> list:
+    """Events as a read of the whole input makes them: each PutHeard with the
+    event that ends its put as one (a PutHeard that nothing ended yet dropped).
+    Checks that a PutHeard is always followed by its own end."""
+    out = []
+    it = iter(events)
+    for ev in it:
+        if type(ev) is not p.PutHeard:
+            out.append(ev)
+            continue
+        end = next(it, None)
+        if end is None:
+            break
+        if ev.job and type(end) is p.PutRest:
+            out.append(p.Put(end.pri, end.delay, end.ttr, end.body, end.max_age))
+        elif ev.job and end == p.ErrorReply(p.EXPECTED_CRLF):
+            out.append(p.ErrorReply(p.EXPECTED_CRLF, p.Put))
+        else:
+            assert not ev.job and end == p.ErrorReply(p.JOB_TOO_BIG), (ev, end)
+            out.append(p.ErrorReply(p.JOB_TOO_BIG, p.Put))
     return out
 
 
@@ -125,13 +151,35 @@ def test_over_long_line_is_not_buffered() -> None:
 def test_job_too_big_skips_the_body_without_buffering_it() -> None:
     parser = p.Parser(max_job_size=10)
     parser.feed(b"put 0 0 1 100000\r\n")
-    assert parser.events() == []
+    assert parser.events() == [p.TOO_BIG_PUT_HEARD]
     for _ in range(100):
         parser.feed(b"z" * 1000)
         assert parser.events() == []
         assert parser.buffered() == 0
     parser.feed(b"\r\nput 0 0 1 2\r\nok\r\n")
-    assert parser.events() == [p.ErrorReply(p.JOB_TOO_BIG, p.Put), p.Put(0, 0, 1, b"ok")]
+    assert parser.events() == [p.ErrorReply(p.JOB_TOO_BIG), p.Put(0, 0, 1, b"ok")]
+
+
+def test_a_put_line_is_heard_before_its_body_only_when_the_body_is_not_in() -> None:
+    """beanstalkd counts a put and takes its id at the line: a body still to
+    come makes the line an event of its own, and the put then uncounted."""
+    whole = b"put 1 2 3 5\r\nhello\r\n"
+    assert parse_all(whole, heard=True) == [p.Put(1, 2, 3, b"hello")]
+    assert parse_all(whole, 18, heard=True) == [p.PUT_HEARD, p.PutRest(1, 2, 3, b"hello")]
+    assert parse_all(whole, 14, heard=True) == [p.PUT_HEARD, p.PutRest(1, 2, 3, b"hello")]
+    # The line's CRLF split: the body came with the line's end.
+    assert parse_all(whole, 12, heard=True) == [p.Put(1, 2, 3, b"hello")]
+    assert parse_all(b"put 0 0 1 2\r\nabcd", 14, heard=True) == [
+        p.PUT_HEARD, p.ErrorReply(p.EXPECTED_CRLF)]
+    assert parse_all(b"put-expiring 0 0 1 9 2\r\nab\r\n", 25, heard=True) == [
+        p.PUT_HEARD, p.PutRest(0, 0, 1, b"ab", 9)]
+    big = b"put 0 0 1 12\r\n" + b"z" * 12 + b"\r\n"
+    assert parse_all(big, 20, max_job_size=10, heard=True) == [
+        p.TOO_BIG_PUT_HEARD, p.ErrorReply(p.JOB_TOO_BIG)]
+    assert parse_all(big, max_job_size=10, heard=True) == [p.ErrorReply(p.JOB_TOO_BIG, p.Put)]
+    # Not beanstalkd's: a keyed put and the search commands keep their count at the end.
+    keyed = b"put-unique k 0 0 1 2\r\nab\r\n"
+    assert parse_all(keyed, 23, heard=True) == [p.PutUnique("k", 0, 0, 1, b"ab")]
 
 
 def test_body_split_anywhere() -> None:
@@ -287,7 +335,7 @@ def test_repeated_put_lines_parse_as_the_first_did(pieces: list, chunk: int) -> 
         forgetful.feed(data[i:i + 1])
         expected += forgetful.events()
         forgetful._last = parser._FIRST_PUT
-    assert parse_all(data, chunk, max_job_size=64) == expected
+    assert parse_all(data, chunk, max_job_size=64) == joined(expected)
 
 
 def test_the_first_remembered_put_line_is_a_true_parse_of_itself() -> None:

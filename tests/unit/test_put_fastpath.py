@@ -127,7 +127,7 @@ def test_apply_put_compacts_heaps_where_apply_does() -> None:
 
 @pytest.mark.parametrize("bad", [
     put(5, 2),  # id reused
-    put(5, 1),  # id below next_job_id
+    put(5, 1),  # the id of a live job, below next_job_id
     put(3, 9),  # seq not after the last
 ])
 def test_apply_put_refuses_like_apply(bad: r.Put) -> None:
