@@ -57,7 +57,7 @@ class _Source:
 def backup(src: Path, dest: Path, link: bool = True) -> Backup:
     """Copy the data directory `src` to `dest` (absent or empty); see the module doc."""
     src_aof, src_snaps = datadir.paths(src)
-    if not src_aof.is_dir() and not src_snaps.is_dir():
+    if not datadir.is_data_dir(src):
         raise BackupError(f"{src}: not a data directory (no aof/ or snapshots/)")
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise BackupError(f"{dest}: exists and is not an empty directory")

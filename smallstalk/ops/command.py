@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import IO
 
 from smallstalk.ops.text import Out
+from smallstalk.storage import datadir
 from smallstalk.storage.aof import CorruptionError
 from smallstalk.storage.history import HistoryFolded
 from smallstalk.usage import EXIT_USAGE, Parser, UsageError
@@ -62,7 +63,12 @@ def run(argv: list[str], parse: Callable[[list[str]], argparse.Namespace],
     data_dir = args.data_dir
     out = Out(data_dir, stdout, stderr)
     if not data_dir.is_dir():
-        err.write(f"smallstalk: {data_dir}: no such directory\n")
+        what = "not a directory" if data_dir.exists() else "no such directory"
+        err.write(f"smallstalk: {data_dir}: {what}\n")
+        return EXIT_ERROR
+    if not datadir.is_data_dir(data_dir):
+        err.write(f"smallstalk: {data_dir}: not a data directory (no aof/ or snapshots/): "
+                  "give the server's --data-dir\n")
         return EXIT_ERROR
     try:
         return body(args, out)

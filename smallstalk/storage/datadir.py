@@ -53,6 +53,13 @@ def paths(data_dir: Path) -> tuple[Path, Path]:
     return data_dir / AOF, data_dir / SNAPSHOTS
 
 
+def is_data_dir(data_dir: Path) -> bool:
+    """Whether `data_dir` holds a server's files (an aof/ or a snapshots/):
+    what a tool that reads one checks first, so a wrong path is not read as
+    an empty history."""
+    return (data_dir / AOF).is_dir() or (data_dir / SNAPSHOTS).is_dir()
+
+
 def segment_name(first_seq: int) -> str:
     return f"{first_seq:020d}{SEGMENT_SUFFIX}"
 

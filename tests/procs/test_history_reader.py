@@ -217,3 +217,20 @@ def test_the_cli_runs_the_tools(log_dir: Path) -> None:
     missing = log_dir / "nope"
     done = cli("replay", missing, "--until-seq", 1)
     assert (done.returncode, done.stderr) == (1, f"smallstalk: {missing}: no such directory\n")
+
+
+@pytest.mark.parametrize("argv", [["aof", "ls"], ["aof", "dump"], ["aof", "verify"],
+                                  ["replay", "--until-seq", "1"], ["job-history", "1"]],
+                         ids=lambda a: " ".join(a[:2]))
+def test_a_path_that_is_no_data_directory_is_one_line(tmp_path: Path, argv: list[str]) -> None:
+    """A wrong path (the data directory's parent, a file) is not read as an
+    empty history: `aof verify` of it said "OK (no damage)"."""
+    main = {"aof": aof_tool.main, "replay": replay.main, "job-history": job_history.main}[argv[0]]
+    (tmp_path / "data" / "aof").mkdir(parents=True)  # its parent is the mistake
+    (tmp_path / "file").write_text("")
+    for path, why in ((tmp_path, "not a data directory (no aof/ or snapshots/): give the "
+                       "server's --data-dir"), (tmp_path / "file", "not a directory")):
+        out, err = io.StringIO(), io.StringIO()
+        args = [*argv[1:2], str(path), *argv[2:]] if argv[0] == "aof" else [str(path), *argv[1:]]
+        assert main(args, out, err) == 1
+        assert (out.getvalue(), err.getvalue()) == ("", f"smallstalk: {path}: {why}\n")
