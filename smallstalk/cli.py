@@ -416,8 +416,12 @@ def promote_command(argv: list[str]) -> int:
             # With a token the command itself is never refused: `auth` was.
             print(f"smallstalk promote: {args[0]} refused the admin token: {e.reply_line()}",
                   file=sys.stderr)
+        elif e.reply == p.NOT_A_REPLICA.rstrip():
+            print(f"smallstalk promote: {args[0]} is not a replica (NOT_A_REPLICA): it takes "
+                  "writes already; give the address of a replica that follows it",
+                  file=sys.stderr)
         else:
-            print(e.reply_line())  # the replica's answer: NOT_A_REPLICA, UNAUTHORIZED ...
+            print(e.reply_line())  # the replica's answer: UNAUTHORIZED, with what to set
         return 1
     except BeanstalkError as e:
         print(f"smallstalk promote: {e}", file=sys.stderr)

@@ -143,6 +143,10 @@ def test_promote_needs_the_token_from_a_file_or_the_environment(
         out = smallstalk("promote", where, env={**env, TOKEN_ENV: TOKEN})
         assert out.returncode == 0 and out.stdout.startswith("PROMOTED"), out
         assert ext(replica.port)["role"] == "primary"
+        out = smallstalk("promote", where, env={**env, TOKEN_ENV: TOKEN})  # once more
+        assert (out.returncode, out.stdout, out.stderr) == (1, "", (
+            f"smallstalk promote: {where} is not a replica (NOT_A_REPLICA): it takes writes "
+            "already; give the address of a replica that follows it\n"))
         assert TOKEN not in primary.log() + replica.log()
     finally:
         replica.stop()
