@@ -399,7 +399,7 @@ def promote_command(argv: list[str]) -> int:
     if not host or not port.isdigit() or int(port) > 65535:
         raise UsageError(f"promote: not HOST:PORT: {args[0]}")
     # Imported here: the client package is not on the server's start-up path.
-    from smallstalk.client import BeanstalkError, Client, CommandError
+    from smallstalk.client import BeanstalkError, Client, CommandError, NotAReplica
     from smallstalk.client.security import token_for_tool
 
     try:
@@ -416,7 +416,7 @@ def promote_command(argv: list[str]) -> int:
             # With a token the command itself is never refused: `auth` was.
             print(f"smallstalk promote: {args[0]} refused the admin token: {e.reply_line()}",
                   file=sys.stderr)
-        elif e.reply == p.NOT_A_REPLICA.rstrip():
+        elif isinstance(e, NotAReplica):
             print(f"smallstalk promote: {args[0]} is not a replica (NOT_A_REPLICA): it takes "
                   "writes already; give the address of a replica that follows it",
                   file=sys.stderr)
